@@ -1,0 +1,158 @@
+"""The whole VoiceChat model: the parameter tree both ecosystem loaders build and fill.
+
+Parameter names are the checkpoint's key names (``stt_model.*``, ``tts_model.*``) in MLX
+layout; :mod:`mlx_voicechat.sanitize` maps NeMo / PyTorch layouts onto them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from . import sanitize as rules
+from .codec import AudioCodec
+from .config import VoiceChatConfig
+from .errors import CheckpointError
+from .llm import FusedNemotronH
+from .perception import Perception
+from .rnnt import RNNTDecoder, RNNTJoint
+from .tts import EarTTS
+
+
+class STTModel(nn.Module):
+    """Listening and thinking: perception, the dual-head Nemotron-H, the RNNT transcript head."""
+
+    def __init__(self, config: VoiceChatConfig):
+        super().__init__()
+        args = config.text_args
+        audio = config.audio_config
+        if audio.output_dim != args.hidden_size:
+            raise CheckpointError(
+                f"audio_config.output_dim ({audio.output_dim}) must equal the LLM hidden size "
+                f"({args.hidden_size})"
+            )
+        self.perception = Perception(audio)
+        self.llm = FusedNemotronH(args)
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.function_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rnnt_decoder = RNNTDecoder(audio.decoder)
+        self.rnnt_joint = RNNTJoint(audio.joint)
+
+
+class SpeechModel(nn.Module):
+    """Speaking: EAR-TTS, the codec, the Aria voice prompt and the silence / control codes."""
+
+    def __init__(self, config: VoiceChatConfig):
+        super().__init__()
+        tts = config.tts_config
+        self.tts_model = EarTTS(tts, config.text_args.vocab_size)
+        self.audio_codec = AudioCodec(config.codec_config)
+        prompt_frames = int(tts.audio_prompt_duration / config.frame_duration)
+        self.audio_prompt_latents = {config.speaker: mx.zeros((1, prompt_frames, tts.hidden_size))}
+        self.codec_silence_tokens = mx.zeros((tts.num_quantizers,), dtype=mx.int32)
+        self.control_codes = mx.zeros((3,), dtype=mx.int32)
+
+
+class Model(nn.Module):
+    def __init__(self, config: VoiceChatConfig):
+        super().__init__()
+        if isinstance(config, dict):
+            config = VoiceChatConfig.from_dict(config)
+        self.config = config
+        self.model_type = config.model_type
+        self.stt_model = STTModel(config)
+        self.tts_model = SpeechModel(config)
+        self._checkpoint_keys: Optional[frozenset] = None
+        self.tokenizer = None
+        self.rnnt_vocabulary = list(config.rnnt_vocabulary)
+
+    # --- loading ----------------------------------------------------------------------
+
+    def sanitize(self, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
+        """NeMo / PyTorch layouts to ours; pure in its result and safe to run twice.
+
+        It also remembers which keys the checkpoint provided, so that ``post_load_hook`` can
+        tell a non-strict loader's silently missing tensors from loaded ones.
+        """
+        out = rules.sanitize(
+            weights, rules.expected_shapes(self), rules.conv_transpose_keys(self)
+        )
+        self._checkpoint_keys = frozenset(out)
+        return out
+
+    def load_weights(self, file_or_weights, strict: bool = True):
+        if strict and not isinstance(file_or_weights, str):
+            file_or_weights = list(file_or_weights)
+            check_weights(self, dict(file_or_weights))
+        return super().load_weights(file_or_weights, strict=strict)
+
+    @staticmethod
+    def post_load_hook(model: "Model", model_path) -> "Model":
+        """mlx-audio loads non-strictly: verify here that every parameter was in the checkpoint,
+        then attach the tokenizer and RNNT vocabulary from the checkpoint folder."""
+        from .checkpoint import attach_assets
+
+        provided = model._checkpoint_keys
+        if provided is None:
+            raise CheckpointError(
+                "the weights were loaded without Model.sanitize; cannot verify the checkpoint"
+            )
+        check_weights(model, {k: None for k in provided}, shapes_only=False)
+        attach_assets(model, Path(model_path))
+        return model
+
+    @property
+    def layers(self):
+        return self.stt_model.llm.layers
+
+    def make_cache(self):
+        return self.stt_model.llm.make_cache()
+
+    # mlx-lm's text generation calls the model like a causal LM; this one is not.
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            "NemotronLabs VoiceChat is a speech-to-speech model and cannot run mlx-lm's text "
+            "generation. Use `mlx-voicechat generate --model M --audio question.wav`, "
+            "`python -m mlx_audio.sts.generate --model M --audio question.wav`, or "
+            "`mlx_voicechat.load(M).generate('question.wav')`."
+        )
+
+
+def _quantized_modules(model: nn.Module) -> set:
+    return {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+
+
+def check_weights(model: nn.Module, weights: Mapping[str, Any], shapes_only: bool = True) -> None:
+    """Raise one clear CheckpointError for a missing, unexpected or misshaped tensor."""
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint is missing tensor '{missing[0]}' with shape "
+            f"{list(expected[missing[0]])}{more}"
+        )
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint has unexpected tensor '{unexpected[0]}'{more}; it does not belong to "
+            "a NemotronLabs VoiceChat model with this config"
+        )
+    for k, v in weights.items():
+        if v is None:
+            continue
+        if tuple(v.shape) != expected[k]:
+            raise CheckpointError(
+                f"tensor '{k}' has shape {list(v.shape)} in the checkpoint but the model "
+                f"expects {list(expected[k])}"
+            )

@@ -1,0 +1,84 @@
+"""Sampling noise for the speaking path: one source per session, never the global generator.
+
+EAR-TTS draws two kinds of noise per MoG call, in this order (errata 9): Gumbel noise for the
+mixture-component pick, then a standard normal for the latent. A source is passed into each
+step explicitly, so two sessions never share random state and a test can replay NeMo's
+recorded draws.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, Tuple, runtime_checkable
+
+import mlx.core as mx
+
+GUMBEL_EPS = 1e-8  # NeMo's gumbel_like: -log(-log(u + eps) + eps)
+
+
+def gumbel_from_uniform(u: mx.array) -> mx.array:
+    return -mx.log(-mx.log(u + GUMBEL_EPS) + GUMBEL_EPS)
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    def gumbel(self, shape: Sequence[int]) -> mx.array: ...
+
+    def normal(self, shape: Sequence[int]) -> mx.array: ...
+
+
+class KeyNoise:
+    """Noise from a private MLX key, split once per draw.
+
+    Drawing only builds graph nodes (no host sync); the key chain itself stays on the device.
+    """
+
+    def __init__(self, seed: int = 0):
+        self.key = mx.random.key(seed)
+
+    def _next(self) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def uniform(self, shape: Sequence[int]) -> mx.array:
+        return mx.random.uniform(shape=tuple(shape), key=self._next())
+
+    def gumbel(self, shape: Sequence[int]) -> mx.array:
+        return gumbel_from_uniform(self.uniform(shape))
+
+    def normal(self, shape: Sequence[int]) -> mx.array:
+        return mx.random.normal(shape=tuple(shape), key=self._next())
+
+
+class ReplayNoise:
+    """Replays recorded draws in order: row ``j`` of each table serves the ``j``-th draw of
+    that kind. Running out, or a row that does not fit the requested shape, is an error."""
+
+    def __init__(self, gumbel_rows, normal_rows):
+        self._rows = {"gumbel": mx.array(gumbel_rows), "normal": mx.array(normal_rows)}
+        self._next = {"gumbel": 0, "normal": 0}
+
+    def _draw(self, kind: str, shape: Sequence[int]) -> mx.array:
+        rows, j = self._rows[kind], self._next[kind]
+        if j >= rows.shape[0]:
+            raise RuntimeError(f"ReplayNoise: all {rows.shape[0]} recorded {kind} draws are used up")
+        row = rows[j]
+        size = 1
+        for s in shape:
+            size *= int(s)
+        if row.size != size:
+            raise ValueError(
+                f"ReplayNoise: recorded {kind} draw {j} has {row.size} values, asked for shape {tuple(shape)}"
+            )
+        self._next[kind] = j + 1
+        return row.reshape(tuple(shape)).astype(mx.float32)
+
+    def gumbel(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("gumbel", shape)
+
+    def normal(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("normal", shape)
+
+    @property
+    def used(self) -> Tuple[int, int]:
+        """Draws consumed so far: (gumbel, normal)."""
+        return self._next["gumbel"], self._next["normal"]

@@ -1,0 +1,348 @@
+"""Listening path, network 1: NeMo log-mel, causal FastConformer, projection to the LLM width.
+
+The FastConformer blocks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr``); this module
+adds what NeMo does differently (zero-padded STFT on the checkpoint's own window and filterbank,
+``floor(n / hop)`` valid length, padded frames masked) and a chunked encoder: attention sees
+``att_context_size[0]`` frames to the left and none to the right and every convolution is
+causal, so running the layers chunk by chunk with a per-layer left-context cache gives the
+full-pass result while memory grows linearly with the input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_audio.dsp import stft
+from mlx_audio.stt.models.nemotron_asr.attention import (
+    RelPositionalEncoding,
+    RelPositionMultiHeadAttention,
+)
+from mlx_audio.stt.models.nemotron_asr.conformer import (
+    CausalDwStridingSubsampling,
+    ConformerBlock,
+    ConformerConvolution,
+)
+from mlx_audio.stt.models.nemotron_asr.config import ConformerArgs
+
+from .config import AudioConfig, ConfigError, EncoderConfig, PreprocessorConfig
+
+# Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
+DEFAULT_CHUNK_FRAMES = 256
+# Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
+MEL_BLOCK_FRAMES = 4096
+# Encoder frames of left context fed to the subsampling convs of a chunk; their causal
+# receptive field reaches 2 frames back (each stride-2 stage looks 2 inputs to the left).
+PRE_ENCODE_CONTEXT = 4
+NEG_INF = -1e30
+
+
+def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
+    return ConformerArgs(
+        feat_in=cfg.feat_in,
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        ff_expansion_factor=cfg.ff_expansion_factor,
+        subsampling_factor=cfg.subsampling_factor,
+        subsampling_conv_channels=cfg.subsampling_conv_channels,
+        conv_kernel_size=cfg.conv_kernel_size,
+        causal_downsampling=cfg.causal_downsampling,
+        conv_context_size="causal",
+        conv_norm_type=cfg.conv_norm_type,
+        self_attention_model=cfg.self_attention_model,
+        att_context_style=cfg.att_context_style,
+        att_context_size=[list(cfg.att_context_size)],
+        pos_emb_max_len=cfg.pos_emb_max_len,
+        use_bias=cfg.use_bias,
+        xscaling=cfg.xscaling,
+    )
+
+
+# --- log-mel front-end ---------------------------------------------------------------------
+
+
+class Featurizer(nn.Module):
+    """NeMo ``FilterbankFeatures`` buffers: the mel filterbank and the analysis window."""
+
+    def __init__(self, cfg: PreprocessorConfig):
+        super().__init__()
+        self.fb = mx.zeros((1, cfg.features, cfg.n_fft // 2 + 1))
+        self.window = mx.zeros((cfg.win_length,))
+
+
+class Preprocessor(nn.Module):
+    def __init__(self, cfg: PreprocessorConfig):
+        super().__init__()
+        if str(cfg.normalize).upper() not in ("NA", "NONE"):
+            raise ConfigError(f"preprocessor.normalize {cfg.normalize!r} is not supported (NA only)")
+        if cfg.pad_to not in (0, None):
+            raise ConfigError(f"preprocessor.pad_to {cfg.pad_to!r} is not supported (0 only)")
+        self.cfg = cfg
+        self.featurizer = Featurizer(cfg)
+
+    def valid_frames(self, lengths: mx.array) -> mx.array:
+        # Errata 2: NeMo counts (n + 2 * (n_fft // 2) - n_fft) // hop frames, one fewer than
+        # the centred STFT produces.
+        pad = self.cfg.n_fft // 2
+        return (lengths + 2 * pad - self.cfg.n_fft) // self.cfg.hop_length
+
+    def __call__(self, wave: mx.array, lengths: Optional[mx.array] = None):
+        cfg = self.cfg
+        squeeze = wave.ndim == 1
+        wave = (wave[None] if squeeze else wave).astype(mx.float32)
+        B, N = wave.shape
+        if lengths is None:
+            lengths = mx.full((B,), N, dtype=mx.int32)
+        lengths = lengths.astype(mx.int32)
+        if cfg.preemph:
+            wave = mx.concatenate([wave[:, :1], wave[:, 1:] - cfg.preemph * wave[:, :-1]], axis=1)
+        wave = mx.where(mx.arange(N)[None] < lengths[:, None], wave, 0.0)
+
+        n_fft, hop = cfg.n_fft, cfg.hop_length
+        window = self.featurizer.window.astype(mx.float32)
+        fb = self.featurizer.fb[0].astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
+        # Errata 1: NeMo's STFT pads n_fft // 2 zeros on each side (not reflect).
+        padded = mx.pad(wave, [(0, 0), (n_fft // 2, n_fft // 2)])
+        n_frames = 1 + (padded.shape[1] - n_fft) // hop
+        rows = []
+        for b in range(B):
+            blocks = []
+            for f0 in range(0, n_frames, MEL_BLOCK_FRAMES):
+                f1 = min(f0 + MEL_BLOCK_FRAMES, n_frames)
+                seg = padded[b, f0 * hop : (f1 - 1) * hop + n_fft]
+                spec = stft(seg, n_fft, hop, n_fft, window, center=False)
+                power = mx.square(spec.real) + mx.square(spec.imag)
+                if cfg.mag_power != 2.0:
+                    power = mx.power(mx.sqrt(power), cfg.mag_power)
+                blocks.append(mx.log(power @ fb + cfg.log_zero_guard_value))
+            rows.append(mx.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0])
+        mel = mx.stack(rows)
+        mel_len = self.valid_frames(lengths)
+        keep = mx.arange(n_frames)[None, :, None] < mel_len[:, None, None]
+        mel = mx.where(keep, mel, cfg.pad_value)
+        return mel, mel_len
+
+
+# --- encoder ---------------------------------------------------------------------------------
+
+
+class Subsampling(CausalDwStridingSubsampling):
+    """Causal dw-striding subsampling; lengths computed on the device (no host sync)."""
+
+    def output_lengths(self, lengths: mx.array) -> mx.array:
+        for _ in range(self.sampling_num):
+            lengths = (lengths + self.pad_left + self.pad_right - self.kernel_size) // self.stride + 1
+        return lengths
+
+    def __call__(self, x: mx.array, lengths: Optional[mx.array] = None):
+        x = x[..., None]
+        for i, layer in enumerate(self.conv):
+            if i in self._strided_idx:
+                pad = (self.pad_left, self.pad_right)
+                x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
+            x = layer(x)
+        b, t, f, c = x.shape
+        x = self.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        return x, None if lengths is None else self.output_lengths(lengths)
+
+
+class ContextAttention(RelPositionMultiHeadAttention):
+    """Rel-pos attention whose keys may start with cached left-context frames."""
+
+    def __call__(self, x, pos_emb, mask=None, context=None, valid=None):
+        kv = x if context is None else mx.concatenate([context, x], axis=1)
+        B, Tq, _ = x.shape
+        Tk = kv.shape[1]
+        H, d = self.n_head, self.head_dim
+        q = self.linear_q(x).reshape(B, Tq, H, d)
+        k = self.linear_k(kv).reshape(B, Tk, H, d).transpose(0, 2, 1, 3)
+        v = self.linear_v(kv).reshape(B, Tk, H, d).transpose(0, 2, 1, 3)
+        p = self.linear_pos(pos_emb)
+        p = p.reshape(p.shape[0], p.shape[1], H, d).transpose(0, 2, 1, 3)
+        q_u = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
+        q_v = (q + self.pos_bias_v).transpose(0, 2, 1, 3)
+        bd = self.rel_shift(q_v @ p.swapaxes(-2, -1))[..., :Tk] * self.scale
+        if mask is not None:
+            bd = bd + mask
+        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=self.scale, mask=bd)
+        o = o.transpose(0, 2, 1, 3).reshape(B, Tq, self.n_feat)
+        if valid is not None:
+            # NeMo masks every key of a padded query, and a fully masked row attends to nothing.
+            o = o * valid
+        return self.linear_out(o)
+
+
+class CausalConvolution(ConformerConvolution):
+    """Conformer convolution module whose causal left padding comes from a cache."""
+
+    def __call__(self, x, context=None, valid=None):
+        x = nn.glu(self.pointwise_conv1(x), axis=-1)
+        if valid is not None:
+            x = x * valid  # NeMo zeroes padded frames before the depthwise conv
+        if context is None:
+            context = mx.zeros((x.shape[0], self.pad_left, x.shape[2]), dtype=x.dtype)
+        x = mx.concatenate([context, x], axis=1)
+        new_context = x[:, x.shape[1] - self.pad_left :]
+        x = self.depthwise_conv(x)
+        x = self.pointwise_conv2(self.activation(self.batch_norm(x)))
+        return x, new_context
+
+
+@dataclass
+class LayerCache:
+    attention: Optional[mx.array] = None  # [B, <= left context, D] normed attention inputs
+    conv: Optional[mx.array] = None  # [B, kernel - 1, D] GLU outputs
+
+
+@dataclass
+class EncoderCache:
+    """Left context of every layer after ``offset`` encoder frames."""
+
+    layers: List[LayerCache]
+    offset: int = 0
+
+    def arrays(self):
+        return [a for c in self.layers for a in (c.attention, c.conv) if a is not None]
+
+
+class ConformerLayer(ConformerBlock):
+    def __init__(self, args: ConformerArgs):
+        super().__init__(args)
+        self.self_attn = ContextAttention(args.n_heads, args.d_model, bias=args.use_bias)
+        self.conv = CausalConvolution(args)
+
+    def __call__(self, x, pos_emb, mask=None, cache=None, valid=None, left_context=None):
+        cache = cache or LayerCache()
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        h = self.norm_self_att(x)
+        x = x + self.self_attn(h, pos_emb, mask, context=cache.attention, valid=valid)
+        conv, conv_context = self.conv(self.norm_conv(x), context=cache.conv, valid=valid)
+        x = x + conv
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        att = h if cache.attention is None else mx.concatenate([cache.attention, h], axis=1)
+        if left_context is not None:
+            att = att[:, max(att.shape[1] - left_context, 0) :]
+        return self.norm_out(x), LayerCache(att, conv_context)
+
+
+def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, right: int):
+    """Additive chunked-limited mask (NeMo): a query sees keys whose chunk of ``right + 1``
+    frames lies between ``left // (right + 1)`` chunks back and its own chunk."""
+    size = right + 1
+    q = (q_start + mx.arange(q_len)) // size
+    k = (k_start + mx.arange(k_len)) // size
+    diff = q[:, None] - k[None, :]
+    ok = diff >= 0
+    if left >= 0:
+        ok = ok & (diff <= left // size)
+    return mx.where(ok, 0.0, NEG_INF)
+
+
+class FastConformer(nn.Module):
+    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention)."""
+
+    def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
+        super().__init__()
+        args = _conformer_args(cfg)
+        self.cfg = cfg
+        self.chunk_size = chunk_size
+        self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
+        self.pre_encode = Subsampling(args)
+        self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
+
+    @property
+    def left_context(self) -> Optional[int]:
+        """Frames of left context a layer keeps, or None when the encoder cannot be chunked."""
+        left, right = self.cfg.att_context_size
+        if self.cfg.att_context_style != "chunked_limited" or left < 0:
+            return None
+        return (left // (right + 1)) * (right + 1)
+
+    def make_cache(self) -> EncoderCache:
+        return EncoderCache([LayerCache() for _ in self.layers])
+
+    def output_lengths(self, mel_len: mx.array) -> mx.array:
+        return self.pre_encode.output_lengths(mel_len)
+
+    def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
+        """Run the layers over subsampled frames ``x`` [B, T, D] that follow ``cache.offset``
+        frames already seen; returns the output and the advanced cache."""
+        left, right = self.cfg.att_context_size
+        T = x.shape[1]
+        ctx = 0 if cache.layers[0].attention is None else cache.layers[0].attention.shape[1]
+        mask = None
+        if self.cfg.att_context_style == "chunked_limited":
+            mask = context_mask(cache.offset, T, cache.offset - ctx, ctx + T, left, right)
+            mask = mask.astype(x.dtype)
+        pos_emb = self.pos_enc.pos_emb_for(ctx + T, x.dtype)
+        valid = None
+        if lengths is not None:
+            valid = (cache.offset + mx.arange(T))[None, :, None] < lengths[:, None, None]
+            valid = valid.astype(x.dtype)
+        new = []
+        for layer, c in zip(self.layers, cache.layers):
+            x, c = layer(x, pos_emb, mask, c, valid, self.left_context)
+            new.append(c)
+        return x, EncoderCache(new, cache.offset + T)
+
+    def __call__(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
+        """``mel`` [B, T_mel, n_mels] -> (encoded [B, T', d_model], lengths [B])."""
+        B, T_mel, _ = mel.shape
+        if mel_len is None:
+            mel_len = mx.full((B,), T_mel, dtype=mx.int32)
+        lengths = self.output_lengths(mel_len.astype(mx.int32))
+        factor = 2**self.pre_encode.sampling_num
+        total = int(self.output_lengths(mx.array(T_mel)).item())
+        chunk = chunk_size or self.chunk_size
+        right = self.cfg.att_context_size[1]
+        if self.left_context is None:
+            chunk = total
+        chunk = max(math.ceil(chunk / (right + 1)) * (right + 1), 1)
+
+        cache, outs = self.make_cache(), []
+        for k0 in range(0, total, chunk):
+            k1 = min(k0 + chunk, total)
+            s = max(k0 - PRE_ENCODE_CONTEXT, 0)
+            last = k1 == total
+            x, _ = self.pre_encode(mel[:, s * factor : None if last else k1 * factor])
+            x = x[:, k0 - s : k1 - s]
+            x, cache = self.step(x, cache, lengths)
+            if total > chunk:
+                mx.eval(x, *cache.arrays())
+            outs.append(x)
+        return (mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]), lengths
+
+
+# --- perception --------------------------------------------------------------------------------
+
+
+class Perception(nn.Module):
+    """``stt_model.perception``: log-mel -> FastConformer -> ``proj`` (the LLM audio channel)."""
+
+    def __init__(self, audio_config: AudioConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
+        super().__init__()
+        self.preprocessor = Preprocessor(audio_config.preprocessor)
+        self.encoder = FastConformer(audio_config.encoder, chunk_size)
+        self.proj = nn.Linear(audio_config.encoder.d_model, audio_config.output_dim)
+
+    def log_mel(self, wave: mx.array, lengths: Optional[mx.array] = None):
+        """``wave`` [B, N] or [N] at 16 kHz -> (mel [B, T, n_mels], mel_len [B])."""
+        return self.preprocessor(wave, lengths)
+
+    def encode(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
+        """(encoded [B, T', d_model], lengths [B]); frames at index >= lengths are padding."""
+        return self.encoder(mel, mel_len, chunk_size)
+
+    def __call__(self, audio: mx.array, lengths: Optional[mx.array] = None, chunk_size=None):
+        """A waveform ([N] or [B, N]) or a mel ([B, T, n_mels], ``lengths`` = mel_len)
+        -> (projected [B, T', output_dim], lengths [B], encoded [B, T', d_model])."""
+        if audio.ndim == 3:
+            mel, mel_len = audio, lengths
+        else:
+            mel, mel_len = self.log_mel(audio, lengths)
+        encoded, enc_len = self.encode(mel, mel_len, chunk_size)
+        return self.proj(encoded), enc_len, encoded

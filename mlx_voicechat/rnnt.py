@@ -1,0 +1,148 @@
+"""Listening path, network 1b: the RNNT transcript head and NeMo's greedy transducer loop.
+
+The prediction and joint networks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr.rnnt``).
+The greedy loop follows NeMo's ``GreedyRNNTInfer`` token for token and, like TensorRT Edge-LLM's
+runtime, never reruns the prediction network on a blank: its output for the current token is
+kept until a non-blank is emitted, so it runs exactly (emitted tokens + 1) times.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
+from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNetwork
+
+from .config import RNNTDecoderConfig, RNNTJointConfig
+
+# Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
+LOOKAHEAD_FRAMES = 16
+SPECIAL_PIECES = frozenset({"<unk>", "<pad>", "<s>", "</s>"})
+LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
+WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
+
+
+class StackedLSTM(LSTM):
+    """mlx-audio's stacked LSTM, fed batch-first: its time-major transpose makes
+    ``nn.LSTM`` read the time axis as the batch, which is only right for one step."""
+
+    def __call__(self, x: mx.array, h_c=None):
+        h, c = h_c if h_c is not None else ([None] * self.num_layers, [None] * self.num_layers)
+        next_h, next_c = [], []
+        for i, layer in enumerate(self.lstm):
+            x, cells = layer(x, hidden=h[i], cell=c[i])
+            next_h.append(x[:, -1])
+            next_c.append(cells[:, -1])
+        return x, (mx.stack(next_h), mx.stack(next_c))
+
+
+class RNNTDecoder(PredictNetwork):
+    """``stt_model.rnnt_decoder``: embedding (+ the blank row) and the stacked LSTM.
+
+    ``__call__(y [B, U] or None, state)`` -> (outputs [B, U, H], (h, c) each [layers, B, H]);
+    ``y=None`` is the start symbol (a zero input, NeMo's blank-as-pad)."""
+
+    def __init__(self, cfg: RNNTDecoderConfig):
+        super().__init__(PredictArgs(**cfg.to_dict()))
+        self.blank_as_pad = cfg.blank_as_pad
+        self.prediction["dec_rnn"] = StackedLSTM(cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers)
+
+    def predict(self, labels: mx.array, state=None, add_sos: bool = True):
+        """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""
+        x = self.prediction["embed"](labels)
+        if add_sos:
+            x = mx.concatenate([mx.zeros_like(x[:, :1]), x], axis=1)
+        return self.prediction["dec_rnn"](x, state)
+
+
+class RNNTJoint(JointNetwork):
+    """``stt_model.rnnt_joint``: enc / pred Linear, activation, ``joint_net.2`` to vocab + blank."""
+
+    def __init__(self, cfg: RNNTJointConfig):
+        super().__init__(JointArgs(**cfg.to_dict()))
+
+    @property
+    def blank_id(self) -> int:
+        # Errata 15: the blank is the joint's last output.
+        return self.joint_net[-1].weight.shape[0] - 1
+
+    def project_encoder(self, enc: mx.array) -> mx.array:
+        return self.enc(enc)
+
+    def project_prediction(self, pred: mx.array) -> mx.array:
+        return self.pred(pred)
+
+    def logits(self, enc_proj: mx.array, pred_proj: mx.array) -> mx.array:
+        """Joint logits of already-projected encoder and prediction frames (broadcast)."""
+        x = enc_proj + pred_proj
+        for layer in self.joint_net:
+            x = layer(x)
+        return x
+
+
+def greedy_decode(
+    decoder,
+    joint: RNNTJoint,
+    encoded: mx.array,
+    length: Optional[int] = None,
+    blank_id: Optional[int] = None,
+    max_symbols: Optional[int] = 10,
+    lookahead: int = LOOKAHEAD_FRAMES,
+) -> Tuple[List[int], List[int]]:
+    """NeMo ``GreedyRNNTInfer`` on one utterance: ``encoded`` [T, D] or [1, T, D] -> (token ids,
+    encoder frame of each token). At most ``max_symbols`` tokens per frame."""
+    if encoded.ndim == 3:
+        if encoded.shape[0] != 1:
+            raise ValueError(f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}")
+        encoded = encoded[0]
+    T = encoded.shape[0] if length is None else min(int(length), encoded.shape[0])
+    blank = joint.blank_id if blank_id is None else int(blank_id)
+    enc_proj = joint.project_encoder(encoded[:T])  # [T, joint_hidden]
+
+    tokens: List[int] = []
+    frames: List[int] = []
+    state = None
+    out, new_state = decoder(None, state)  # the start symbol
+    pred = joint.project_prediction(out[0, -1])
+    t, emitted_here = 0, 0
+    while t < T:
+        # With the prediction fixed, the labels of the next frames are independent: one sync
+        # finds the first non-blank among them.
+        window = min(lookahead, T - t)
+        labels = mx.argmax(joint.logits(enc_proj[t : t + window], pred), axis=-1).tolist()
+        j = next((i for i, k in enumerate(labels) if k != blank), None)
+        if j is None:
+            t, emitted_here = t + window, 0
+            continue
+        if j > 0:
+            t, emitted_here = t + j, 0
+        k = labels[j]
+        tokens.append(k)
+        frames.append(t)
+        emitted_here += 1
+        state = new_state
+        out, new_state = decoder(mx.array([[k]]), state)
+        pred = joint.project_prediction(out[0, -1])
+        if max_symbols is not None and emitted_here >= max_symbols:
+            t, emitted_here = t + 1, 0
+    return tokens, frames
+
+
+def decode_pieces(ids: Sequence[int], vocabulary: Sequence[str]) -> Tuple[str, Optional[str]]:
+    """SentencePiece ids -> (text, language): special pieces and ``<xx-XX>`` tags are dropped
+    (the last tag is the detected language), ``▁`` becomes a space, the ends are stripped."""
+    pieces, language = [], None
+    for i in ids:
+        if not 0 <= int(i) < len(vocabulary):
+            continue  # the blank and anything past the vocabulary have no piece
+        piece = vocabulary[int(i)]
+        if piece in SPECIAL_PIECES:
+            continue
+        if LANGUAGE_TAG.match(piece):
+            language = piece[1:-1]
+            continue
+        pieces.append(piece)
+    return "".join(pieces).replace(WORD_BOUNDARY, " ").strip(), language

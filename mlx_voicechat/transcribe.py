@@ -1,0 +1,158 @@
+"""Transcription: audio -> log-mel -> FastConformer -> greedy RNNT -> text, with phase timings.
+
+``transcribe`` takes the parts (perception, RNNT decoder and joint, vocabulary) so any model
+object can expose it; ``add_transcribe_parser`` / ``run_transcribe`` are the CLI verb
+``mlx-voicechat transcribe --model M --audio A [--benchmark]``. ``--benchmark`` prints the
+mel / encoder / decode milliseconds, the audio length and the real-time factor, like TensorRT
+Edge-LLM's ASR runtime.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+
+from .audio import AudioError, load_audio
+from .rnnt import decode_pieces, greedy_decode
+
+WARMUP_SECONDS = 1.0  # audio run once before a benchmark, so kernel set-up is not timed
+
+
+@dataclass
+class TranscriptTimings:
+    mel_ms: float
+    encoder_ms: float
+    decode_ms: float
+    audio_seconds: float
+    encoder_frames: int
+
+    @property
+    def total_ms(self) -> float:
+        return self.mel_ms + self.encoder_ms + self.decode_ms
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: processing time / audio time (below 1 is faster than real time)."""
+        return self.total_ms / 1000.0 / self.audio_seconds if self.audio_seconds else float("nan")
+
+    def report(self, tokens: int) -> str:
+        return "\n".join(
+            [
+                f"audio:    {self.audio_seconds:.2f} s ({self.encoder_frames} encoder frames, {tokens} tokens)",
+                f"mel:      {self.mel_ms:.1f} ms",
+                f"encoder:  {self.encoder_ms:.1f} ms",
+                f"decode:   {self.decode_ms:.1f} ms",
+                f"total:    {self.total_ms:.1f} ms",
+                f"RTF:      {self.rtf:.4f}",
+            ]
+        )
+
+
+@dataclass
+class TranscriptResult:
+    text: str
+    tokens: List[int] = field(default_factory=list)
+    frames: List[int] = field(default_factory=list)  # encoder frame (80 ms each) of every token
+    language: Optional[str] = None  # the last <xx-XX> tag emitted, without brackets
+    timings: Optional[TranscriptTimings] = None
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+def transcribe(
+    perception,
+    rnnt_decoder,
+    rnnt_joint,
+    vocabulary: Sequence[str],
+    blank_id: Optional[int],
+    max_symbols: Optional[int],
+    audio,
+    *,
+    source_rate: Optional[int] = None,
+    chunk_size: Optional[int] = None,
+) -> TranscriptResult:
+    """Transcribe ``audio`` (a path, or an array at ``source_rate``, default 16 kHz).
+
+    ``blank_id`` is checked against the joint's last output, which wins (errata 15)."""
+    blank = rnnt_joint.blank_id
+    if blank_id is not None and int(blank_id) != blank:
+        warnings.warn(
+            f"config rnnt blank id {blank_id} disagrees with the joint's last output {blank}; "
+            f"using {blank}",
+            stacklevel=2,
+        )
+    sample_rate = perception.preprocessor.cfg.sample_rate
+    samples = load_audio(audio, sample_rate, source_rate)
+
+    start = time.perf_counter()
+    mel, mel_len = perception.log_mel(mx.array(samples))
+    mx.eval(mel, mel_len)
+    mel_ms = _ms(start)
+
+    start = time.perf_counter()
+    encoded, lengths = perception.encode(mel, mel_len, chunk_size)
+    mx.eval(encoded, lengths)
+    encoder_ms = _ms(start)
+
+    start = time.perf_counter()
+    length = int(lengths[0].item())
+    tokens, frames = greedy_decode(rnnt_decoder, rnnt_joint, encoded, length, blank, max_symbols)
+    text, language = decode_pieces(tokens, vocabulary)
+    decode_ms = _ms(start)
+
+    timings = TranscriptTimings(mel_ms, encoder_ms, decode_ms, len(samples) / sample_rate, length)
+    return TranscriptResult(text, tokens, frames, language, timings)
+
+
+# --- CLI verb ------------------------------------------------------------------------------------
+
+
+def add_transcribe_parser(subparsers):
+    p = subparsers.add_parser(
+        "transcribe",
+        help="transcribe speech with the model's RNNT head",
+        description="Print the transcript of an audio file (any rate, mono or stereo; "
+        "WAV, FLAC, MP3).",
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--audio", required=True, help="audio file to transcribe")
+    p.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="also print mel / encoder / decode milliseconds, audio seconds and RTF",
+    )
+    p.add_argument(
+        "--chunk-frames",
+        type=int,
+        default=None,
+        help="encoder frames (80 ms each) per chunk of the chunked encoder",
+    )
+    return p
+
+
+def run_transcribe(args, load_fn) -> int:
+    """``load_fn(path)`` returns a model whose ``transcribe(audio, chunk_size=...)`` returns a
+    :class:`TranscriptResult`. Prints the transcript (and the benchmark); returns the exit code."""
+    try:
+        samples = load_audio(args.audio)
+    except AudioError as e:
+        print(f"mlx-voicechat transcribe: error: {e}", file=sys.stderr)
+        return 1
+    model = load_fn(args.model)
+    chunk = getattr(args, "chunk_frames", None)
+    if args.benchmark:
+        model.transcribe(samples[: int(WARMUP_SECONDS * 16000)], chunk_size=chunk)
+    result = model.transcribe(samples, chunk_size=chunk)
+    print(result.text)
+    if result.language:
+        print(f"language: {result.language}")
+    if args.benchmark and result.timings is not None:
+        print(result.timings.report(len(result.tokens)))
+    return 0

@@ -1,0 +1,112 @@
+"""Start-up hook of mlx-voicechat (imported by ``mlx_voicechat.pth`` at interpreter start).
+
+mlx-lm and mlx-audio import model code by name (``mlx_lm.models.<type>``,
+``mlx_audio.<kind>.models.<type>``) and read no entry points. This module installs a lazy
+``sys.meta_path`` finder that answers those names from the entry point groups
+``mlx_lm.models`` and ``mlx_audio.<kind>.models`` (name = model type, value = module path) and
+aliases the requested name to the plugin's module. It imports nothing heavy: entry points are
+read once, on the first lookup of such a name, and mlx is never imported here.
+
+``MLX_VOICECHAT_DISABLE=1`` installs nothing; ``MLX_VOICECHAT_OVERRIDE=0`` lets a built-in
+module of the same name win over the plugin.
+"""
+
+import os
+import sys
+
+_TRUE_OFF = ("0", "false", "no", "off")
+
+
+def _group_and_rest(fullname):
+    """('mlx_lm.models', 'type', [sub...]) for names the finder serves, else None."""
+    parts = fullname.split(".")
+    if parts[0] == "mlx_lm" and len(parts) >= 3 and parts[1] == "models":
+        return "mlx_lm.models", parts[2], parts[3:]
+    if parts[0] == "mlx_audio" and len(parts) >= 4 and parts[2] == "models":
+        return "mlx_audio.%s.models" % parts[1], parts[3], parts[4:]
+    return None
+
+
+class _AliasLoader:
+    def __init__(self, target):
+        self.target = target
+
+    def create_module(self, spec):
+        import importlib
+
+        module = importlib.import_module(self.target)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # The import system stamped the alias spec on the shared module; give it back its own.
+        module.__spec__ = self._spec
+
+
+class PluginFinder:
+    """Resolves ``mlx_lm.models.X`` / ``mlx_audio.K.models.X`` to entry-point modules."""
+
+    def __init__(self):
+        self._groups = None
+
+    def _entries(self, group):
+        if self._groups is None:
+            from importlib.metadata import distributions
+
+            groups = {}
+            found = (ep for dist in distributions() for ep in dist.entry_points)
+            for ep in found:
+                if ep.group == "mlx_lm.models" or (
+                    ep.group.startswith("mlx_audio.") and ep.group.endswith(".models")
+                ):
+                    groups.setdefault(ep.group, {})[ep.name] = ep.value.split(":")[0]
+            self._groups = groups
+        return self._groups.get(group, {})
+
+    def _builtin_exists(self, fullname, path, target):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            try:
+                if finder.find_spec(fullname, path, target) is not None:
+                    return True
+            except Exception:
+                continue
+        return False
+
+    def find_spec(self, fullname, path=None, target=None):
+        found = _group_and_rest(fullname)
+        if found is None:
+            return None
+        group, model_type, sub = found
+        module = self._entries(group).get(model_type)
+        if module is None:
+            return None
+        if not sub and os.environ.get("MLX_VOICECHAT_OVERRIDE", "1").lower() in _TRUE_OFF:
+            if self._builtin_exists(fullname, path, target):
+                return None
+        if sub:
+            parent = sys.modules.get(fullname.rsplit(".", 1)[0])
+            if parent is None or parent.__name__ != module:
+                return None  # the parent is the built-in package, not ours
+            module = module.rsplit(".", 1)[0] + "." + ".".join(sub)
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _AliasLoader(module))
+
+    def invalidate_caches(self):
+        self._groups = None
+
+
+def install():
+    if os.environ.get("MLX_VOICECHAT_DISABLE", "0").lower() not in _TRUE_OFF:
+        return None
+    for finder in sys.meta_path:
+        if isinstance(finder, PluginFinder) or type(finder).__name__ == "PluginFinder":
+            return finder
+    finder = PluginFinder()
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+install()
