@@ -13,7 +13,7 @@ only live on the device are spelled by gathering rows of a padded character tabl
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -89,7 +89,8 @@ class CharAttention(nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         dim, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = hd
         self.scale = cfg.query_pre_attn_scalar**-0.5
         self.softcap = cfg.attn_logit_softcapping
         self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=False)
@@ -129,7 +130,8 @@ class CharEncoderLayer(nn.Module):
         self.post_feedforward_layernorm = OffsetRMSNorm(H, eps)
 
     def __call__(self, x: mx.array, key_mask: mx.array) -> mx.array:
-        h = x + self.post_self_attn_layernorm(self.self_attn(self.pre_self_attn_layernorm(x), key_mask))
+        r = self.self_attn(self.pre_self_attn_layernorm(x), key_mask)
+        h = x + self.post_self_attn_layernorm(r)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
@@ -215,7 +217,8 @@ class CharAwareSubwordEncoder(nn.Module):
     def set_vocabulary(self, tokenizer) -> None:
         """Build the padded character table for every subword id (tokenizer, or ``{piece: id}``)."""
         ids, lens = build_char_table(tokenizer, self.vocab_size, self.char_cfg.char_vocab_size)
-        self._char_ids, self._char_lens = mx.array(ids), mx.array(lens)
+        # int16 holds any character id (char_vocab_size is 257) at half the memory.
+        self._char_ids, self._char_lens = mx.array(ids.astype(np.int16)), mx.array(lens)
         self._memo = {}
 
     def spell(self, ids: mx.array) -> Tuple[mx.array, mx.array]:
@@ -223,7 +226,7 @@ class CharAwareSubwordEncoder(nn.Module):
         if self._char_ids is None:
             raise RuntimeError("CharAwareSubwordEncoder: call set_vocabulary(tokenizer) first")
         ids = mx.clip(ids, 0, self.vocab_size - 1)
-        return self._char_ids[ids], self._char_lens[ids]
+        return self._char_ids[ids].astype(mx.int32), self._char_lens[ids]
 
     # -- forward pieces --------------------------------------------------------------------
 

@@ -170,16 +170,27 @@ def load_tokenizer(source: Union[str, Path, Any]):
         folder = folder.parent
     if not (folder / "tokenizer.json").exists():
         raise CheckpointError(f"{folder} has no tokenizer.json")
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except Exception:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import PreTrainedTokenizerFast
+
+    # Built from the files directly: AutoTokenizer would read config.json, which describes
+    # the speech model rather than a tokenizer.
+    kwargs = {}
+    cfg_path = folder / "tokenizer_config.json"
+    if cfg_path.exists():
         try:
-            return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
-        except Exception as e:
-            raise CheckpointError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from None
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+        for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            if isinstance(cfg.get(k), str):
+                kwargs[k] = cfg[k]
+    try:
+        return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **kwargs)
+    except Exception as e:
+        raise CheckpointError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from None
 
 
 def attach_assets(model, folder: Path, tokenizer=None) -> None:

@@ -164,24 +164,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_verbs():
     """Subcommands that live beside the code they drive."""
-    verbs = []
-    try:
-        from .transcribe import add_transcribe_parser
+    from .transcribe import add_transcribe_parser, run_transcribe
 
-        verbs.append(add_transcribe_parser)
-    except ImportError:
-        pass
-    return verbs
+    def transcribe_verb(sub):
+        p = add_transcribe_parser(sub)
+        p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+        p.set_defaults(func=lambda a: run_transcribe(a, lambda m: _load(m, a.tokenizer)))
+
+    return [transcribe_verb]
+
+
+def _load(model, tokenizer=None):
+    from .checkpoint import load
+
+    return load(model, tokenizer=tokenizer)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from .audio import AudioError
     from .errors import VoiceChatError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (VoiceChatError, FileNotFoundError, PermissionError) as e:
+    except (VoiceChatError, AudioError, FileNotFoundError, PermissionError) as e:
         print(f"mlx-voicechat {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -466,7 +466,9 @@ def make_checkpoint(
                     class_predicate=lambda p, m: p in listed)
         weights = dict(tree_flatten(model.parameters()))
 
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed at the end: an interrupted run leaves no checkpoint.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         if layout == "mlx-community":
             flat = config.to_dict()
@@ -479,7 +481,6 @@ def make_checkpoint(
         elif layout == "nvidia":
             _write_json(tmp / "config.json", nemo_config(config))
             torch_w = to_torch_layout(weights, conv_transpose_keys(model))
-            torch_w = {k: v.astype(mx.int64) if v.dtype == mx.int32 else v for k, v in torch_w.items()}
             h = config.tts_config.hidden_size
             k = mx.random.key(seed + 1)
             torch_w["tts_model.tts_model.audio_prompt_projection_W"] = mx.random.normal((h, h), key=k)

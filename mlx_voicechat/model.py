@@ -50,7 +50,9 @@ class SpeechModel(nn.Module):
     def __init__(self, config: VoiceChatConfig):
         super().__init__()
         tts = config.tts_config
-        self.tts_model = EarTTS(tts, config.text_args.vocab_size)
+        self.tts_model = EarTTS(
+            tts, config.text_args.vocab_size, config.eos_token_id, config.pad_token_id
+        )
         self.audio_codec = AudioCodec(config.codec_config)
         prompt_frames = int(tts.audio_prompt_duration / config.frame_duration)
         self.audio_prompt_latents = {config.speaker: mx.zeros((1, prompt_frames, tts.hidden_size))}
@@ -105,6 +107,30 @@ class Model(nn.Module):
         check_weights(model, {k: None for k in provided}, shapes_only=False)
         attach_assets(model, Path(model_path))
         return model
+
+    def setup_tokenizer(self, tokenizer) -> None:
+        """Attach the LLM tokenizer and build the character tables EAR-TTS derives from it."""
+        self.tokenizer = tokenizer
+        self.tts_model.tts_model.set_vocabulary(tokenizer)
+
+    # --- listening ----------------------------------------------------------------------
+
+    def transcribe(self, audio, *, source_rate: Optional[int] = None, chunk_size=None):
+        """The user's words via the RNNT head: text, token ids, frame indices, language."""
+        from .transcribe import transcribe
+
+        stt = self.stt_model
+        return transcribe(
+            stt.perception,
+            stt.rnnt_decoder,
+            stt.rnnt_joint,
+            self.rnnt_vocabulary,
+            self.config.rnnt_blank_id,
+            self.config.audio_config.max_symbols,
+            audio,
+            source_rate=source_rate,
+            chunk_size=chunk_size,
+        )
 
     @property
     def layers(self):

@@ -60,14 +60,17 @@ class ReplayNoise:
     def _draw(self, kind: str, shape: Sequence[int]) -> mx.array:
         rows, j = self._rows[kind], self._next[kind]
         if j >= rows.shape[0]:
-            raise RuntimeError(f"ReplayNoise: all {rows.shape[0]} recorded {kind} draws are used up")
+            raise RuntimeError(
+                f"ReplayNoise: all {rows.shape[0]} recorded {kind} draws are used up"
+            )
         row = rows[j]
         size = 1
         for s in shape:
             size *= int(s)
         if row.size != size:
             raise ValueError(
-                f"ReplayNoise: recorded {kind} draw {j} has {row.size} values, asked for shape {tuple(shape)}"
+                f"ReplayNoise: recorded {kind} draw {j} has {row.size} values, "
+                f"asked for shape {tuple(shape)}"
             )
         self._next[kind] = j + 1
         return row.reshape(tuple(shape)).astype(mx.float32)

@@ -147,7 +147,7 @@ def to_torch_layout(
         if key.endswith(".control_codes"):
             key = key[: -len("control_codes")] + "_control_codes"
         key = re.sub(r"\.prvq\.variance_list\.", ".prvq._variance_list.", key)
-        out[key] = v
+        out[key] = v.astype(mx.int64) if v.dtype == mx.int32 else v
     return out
 
 

@@ -140,11 +140,7 @@ def add_transcribe_parser(subparsers):
 def run_transcribe(args, load_fn) -> int:
     """``load_fn(path)`` returns a model whose ``transcribe(audio, chunk_size=...)`` returns a
     :class:`TranscriptResult`. Prints the transcript (and the benchmark); returns the exit code."""
-    try:
-        samples = load_audio(args.audio)
-    except AudioError as e:
-        print(f"mlx-voicechat transcribe: error: {e}", file=sys.stderr)
-        return 1
+    samples = load_audio(args.audio)  # a bad file fails before the model loads
     model = load_fn(args.model)
     chunk = getattr(args, "chunk_frames", None)
     if args.benchmark:

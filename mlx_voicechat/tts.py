@@ -180,10 +180,10 @@ class MoGHead(nn.Module):
     def infer(
         self, x: mx.array, guidance_scale: float, top_p: Optional[float], noise: NoiseSource
     ) -> Tuple[mx.array, mx.array]:
-        """Sample one component per row; returns its mean ``[b, t, out]`` and log-std ``[b, t, 1]``."""
+        """One component drawn per row; returns its mean ``[b, t, out]``, log-std ``[b, t, 1]``."""
         x = self.guided(self.features(x), guidance_scale)
         logits = self.proj_logits(x).astype(mx.float32)
-        if False:
+        if top_p is not None:
             logits = top_p_filter(logits, top_p)
         scores = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         c = mx.argmax(scores + noise.gumbel(logits.shape), axis=-1)  # [b, t]
@@ -245,7 +245,6 @@ class EarTTS(nn.Module):
             Q, V, D = e.shape
             padded = mx.concatenate([e, mx.zeros((Q, 1, D))], axis=1).reshape(Q * (V + 1), D)
             self._table, self._sq_norms = padded, (e * e).sum(-1)
-            mx.eval(self._table, self._sq_norms)
             self._table_src = self.rvq_embs
         return self._table, self._sq_norms
 
@@ -294,7 +293,8 @@ class EarTTS(nn.Module):
         code_embed = self.embed_codes(shifted)
         is_bos = (pos == T - 1)[None, :, None]
         code_embed = mx.where(is_bos, code_embed, prompt_latent.astype(code_embed.dtype))
-        code_embed = code_embed + is_bos.astype(code_embed.dtype) * self.bos_emb.astype(code_embed.dtype)
+        bos = is_bos.astype(code_embed.dtype) * self.bos_emb.astype(code_embed.dtype)
+        code_embed = code_embed + bos
         ids = mx.where(pos == T - 1, self.text_eos_id, self.text_pad_id)[None]
         text = self.embed_subword(ids, (pos >= T - 2)[None])
         return self.fuse(code_embed, self.condition(text.astype(code_embed.dtype)))
@@ -302,7 +302,7 @@ class EarTTS(nn.Module):
     def warmup(
         self, prompt_latent: mx.array, init_codes: mx.array, cache: list
     ) -> Tuple[mx.array, list]:
-        """Fill ``cache`` with the voice prompt; returns the first step's previous code ``[1, Q]``."""
+        """Fill ``cache`` with the voice prompt; returns the first previous code ``[1, Q]``."""
         self.backbone(self.warmup_inputs(prompt_latent, init_codes), cache)
         return init_codes[:, -1].astype(mx.int32), cache
 

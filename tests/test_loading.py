@@ -239,3 +239,25 @@ def test_att_context_size_forms():
     assert EncoderConfig(att_context_size=[[70, 0]]).att_context_size == (70, 0)
     with pytest.raises(ConfigError, match="att_context_size"):
         EncoderConfig(att_context_size=[70])
+
+
+@pytest.mark.parametrize("count", [255, 257])
+def test_tokenizer_without_256_single_characters(tmp_path, tiny_checkpoints, count):
+    d = _copy(tiny_checkpoints["mlx-community"], tmp_path / "m")
+    tok = json.load(open(d / "tokenizer.json"))
+    vocab = tok["model"]["vocab"]
+    singles = sorted((i, p) for p, i in vocab.items() if len(p) == 1)
+    if count == 255:
+        i, p = singles[-1]
+        del vocab[p]
+        vocab["\u0100\u0100"] = i
+        tok["model"]["merges"] = [m for m in tok["model"]["merges"] if p not in (m if isinstance(m, list) else m.split())]
+    else:
+        multi = max((i, p) for p, i in vocab.items() if len(p) > 1 and i > 300)
+        del vocab[multi[1]]
+        vocab["\u4e00"] = multi[0]
+        tok["model"]["merges"] = [m for m in tok["model"]["merges"]
+                                  if "".join(m if isinstance(m, list) else m.split()) != multi[1]]
+    json.dump(tok, open(d / "tokenizer.json", "w"))
+    with pytest.raises(Exception, match=f"{count} single-character tokens"):
+        load(d)

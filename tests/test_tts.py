@@ -48,7 +48,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(config, weights, tokenizer):
-    m = EarTTS(config.tts_config, config.text_args.vocab_size, config.eos_token_id, config.pad_token_id)
+    vocab = config.text_args.vocab_size
+    m = EarTTS(config.tts_config, vocab, config.eos_token_id, config.pad_token_id)
     w = {k[len(PREFIX):]: v for k, v in weights.items() if k.startswith(PREFIX)}
     m.load_weights(list(sanitize_module(m, w).items()), strict=True)
     m.set_vocabulary(tokenizer)
@@ -67,7 +68,8 @@ def test_depthsum_embed_code_and_fusion(model, io):
     assert max_err(ds, io["depthsum_out"]) < TOL
     emb = model.embed_codes(codes)
     assert max_err(emb, io["embed_code_out"]) < TOL
-    fused = model.gated_fusion_audio_text(mx.array(io["embed_code_out"]), mx.array(io["cas_out"][:, :5]))
+    text = mx.array(io["cas_out"][:, :5])
+    fused = model.gated_fusion_audio_text(mx.array(io["embed_code_out"]), text)
     assert max_err(fused, io["fusion_out"]) < TOL
 
 
@@ -119,7 +121,8 @@ def _run_steps(model, io, host_ids, monkeypatch):
 def test_warmup_and_steps_match_nemo(model, io, weights, host_ids, monkeypatch):
     from mlx_voicechat.codec import replace_control_codes
 
-    warm_hidden, step_in, step_hidden, codes, calls, noise = _run_steps(model, io, host_ids, monkeypatch)
+    run = _run_steps(model, io, host_ids, monkeypatch)
+    warm_hidden, step_in, step_hidden, codes, calls, noise = run
     assert max_err(warm_hidden, io["backbone_warmup_hidden"]) < TOL
     assert max_err(warm_hidden, io["warmup_hidden_states"]) < TOL
     assert max_err(mx.concatenate(step_in, axis=1), io["backbone_step_inputs_embeds"]) < TOL
