@@ -13,12 +13,14 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .errors import VoiceChatError
+
 INPUT_SAMPLE_RATE = 16000  # Hz, the listening path's rate
 MAX_CHANNELS = 8  # a 2-D array whose first axis is at most this long may be channels-first
 PCM16_SCALE = 32768.0
 
 
-class AudioError(ValueError):
+class AudioError(VoiceChatError, ValueError):
     """Audio that cannot be used: missing, unreadable, empty or not finite."""
 
 

@@ -181,14 +181,13 @@ def _load(model, tokenizer=None):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .audio import AudioError
     from .errors import VoiceChatError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (VoiceChatError, AudioError, FileNotFoundError, PermissionError) as e:
+    except (VoiceChatError, FileNotFoundError, PermissionError) as e:
         print(f"mlx-voicechat {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -132,6 +132,14 @@ class Model(nn.Module):
             chunk_size=chunk_size,
         )
 
+    # --- the duplex loop ------------------------------------------------------------------
+
+    def generate(self, audio, system_prompt=None, extra_decoding_seconds=3.0, seed=0, **kwargs):
+        """Offline speech-to-speech: see :func:`mlx_voicechat.duplex.generate`."""
+        from .duplex import generate
+
+        return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
+
     @property
     def layers(self):
         return self.stt_model.llm.layers

@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten
 
 from mlx_voicechat.codec import AudioCodec, replace_control_codes
 from mlx_voicechat.config import CodecConfig, VoiceChatConfig
-from mlx_voicechat.sanitize import expected_shapes, sanitize
+from mlx_voicechat.sanitize import expected_shapes, sanitize_module
 
 ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 PREFIX = "tts_model.audio_codec."
@@ -19,12 +19,8 @@ STREAM_TOL = 1e-5
 
 
 def _load(codec, path):
-    weights = {k: v for k, v in mx.load(str(path)).items() if k.startswith(PREFIX)}
-    # Sanitized under the full prefix: the `prvq._variance_list` rename in sanitize.RENAMES only
-    # matches when a parent key precedes `prvq` (so sanitize_module on stripped keys misses it).
-    shapes = {PREFIX + k: v for k, v in expected_shapes(codec).items()}
-    weights = sanitize(weights, shapes)
-    codec.load_weights([(k[len(PREFIX) :], v) for k, v in weights.items()], strict=True)
+    weights = {k[len(PREFIX) :]: v for k, v in mx.load(str(path)).items() if k.startswith(PREFIX)}
+    codec.load_weights(list(sanitize_module(codec, weights).items()), strict=True)
     mx.eval(codec.parameters())
     return codec
 

@@ -8,6 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_voicechat.audio import AudioError
+
 from mlx_voicechat.config import AudioConfig, VoiceChatConfig
 from mlx_voicechat.perception import Perception
 from mlx_voicechat.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
@@ -215,5 +217,6 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
         assert any(line.startswith(label) for line in out), label
 
     args = parser.parse_args(["transcribe", "--model", "m", "--audio", str(tmp_path / "missing.wav")])
-    assert run_transcribe(args, lambda path: pytest.fail("loads no model for bad audio")) == 1
-    assert "audio file not found" in capsys.readouterr().err
+    # The CLI's main() turns the AudioError into one line and exit code 2 (tests/test_cli.py).
+    with pytest.raises(AudioError, match="audio file not found"):
+        run_transcribe(args, lambda path: pytest.fail("loads no model for bad audio"))

@@ -1,0 +1,280 @@
+"""The duplex loop: one 80 ms frame of listening, thinking and speaking per step.
+
+A session holds every piece of state (LLM caches, TTS caches, the previous code frame, the
+previous text / function ids, the noise source) in a :class:`DuplexCache`; :func:`duplex_step`
+advances it by one input frame. Offline generation (:func:`generate`) is a loop over that
+step; a streaming session drives the same step as frames arrive.
+
+Timeline (spec "Offline timeline loop", errata 10-12): the system prompt ``[bos] + ids + [eos]``
+takes the first ``P`` timeline positions on the audio channel; audio frame ``i`` is timeline
+position ``P + i``. The prompt rows and the first audio frame are prefilled in one LLM call.
+The TTS speaks at every position ``t >= 1`` (prompt positions with the pad id), but only the
+audio frames are returned, so output frame ``i`` lines up with input frame ``i``. Position 0 is
+never spoken: without a prompt, audio frame 0 gets the codec's silence codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from .audio import AudioError, load_audio, save_wav
+from .codec import replace_control_codes
+from .errors import VoiceChatError
+from .noise import KeyNoise, NoiseSource
+from .rnnt import decode_pieces, greedy_decode
+
+
+class GenerationError(VoiceChatError, ValueError):
+    """Arguments of a generation run that cannot be used."""
+
+
+# --- session state ------------------------------------------------------------------------
+
+
+@dataclass
+class DuplexCache:
+    """Everything one conversation carries from frame to frame."""
+
+    llm: List[Any]
+    tts: List[Any]
+    previous_code: mx.array  # [1, Q], the TTS input code frame
+    noise: NoiseSource
+    prefix: Optional[mx.array]  # [1, P, H] prompt rows, consumed by the first frame's prefill
+    prompt_frames: int
+    prev_text: int
+    prev_function: int
+    position: int = 0  # timeline position of the next input frame
+
+
+@dataclass
+class FrameOutput:
+    text_id: int
+    function_id: int
+    codes: mx.array  # [1, Q]
+
+
+def warmup_codes(model) -> mx.array:
+    """The TTS warm-up code frames ``[1, T, Q]``: the codec codes of ``T + 1`` frames of silence,
+    prepared per errata 4. They depend only on the weights, so they are computed once."""
+    speech = model.tts_model
+    codec = speech.audio_codec
+    key = id(codec.prvq.mus_list[0]) if hasattr(codec.prvq, "mus_list") else id(codec)
+    memo = getattr(model, "_warmup_memo", None)
+    if memo is None or memo[0] != key:
+        latent = speech.audio_prompt_latents[model.config.speaker]
+        T = latent.shape[1]
+        codes = codec.encode(mx.zeros((1, (T + 1) * codec.samples_per_frame)))
+        init = speech.tts_model.prepare_init_codes(codes, model.config.tts_config.codebook_size)
+        mx.eval(init)
+        memo = (key, init)
+        model._warmup_memo = memo
+    return memo[1]
+
+
+def prompt_ids(model, system_prompt: Optional[str]) -> List[int]:
+    """``[bos] + encode(prompt) + [eos]``, or no ids for an empty prompt (spec step 3)."""
+    if not system_prompt:
+        return []
+    if model.tokenizer is None:
+        raise GenerationError("a system prompt needs the model's tokenizer; load it with one")
+    ids = model.tokenizer.encode(system_prompt, add_special_tokens=False)
+    return [model.config.bos_token_id] + list(ids) + [model.config.eos_token_id]
+
+
+def _embed(model, ids) -> mx.array:
+    return model.stt_model.embed_tokens(mx.array(ids, dtype=mx.int32).reshape(1, -1))
+
+
+def start_session(
+    model,
+    prompt: Sequence[int] = (),
+    noise: Optional[NoiseSource] = None,
+    seed: int = 0,
+) -> DuplexCache:
+    """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions."""
+    cfg = model.config
+    pad = cfg.pad_token_id
+    prompt = [int(i) for i in prompt]
+    limit = cfg.text_args.max_position_embeddings
+    if len(prompt) >= limit:
+        raise GenerationError(
+            f"the system prompt is {len(prompt)} tokens; the LLM's context is {limit} positions "
+            "and the audio needs at least one"
+        )
+    noise = KeyNoise(seed) if noise is None else noise
+    speech = model.tts_model
+    tts = speech.tts_model
+    latent = speech.audio_prompt_latents[cfg.speaker]
+    previous, tts_cache = tts.warmup(latent, warmup_codes(model), tts.make_cache())
+    prefix = None
+    if prompt:
+        w = cfg.function_channel_weight
+        pad_row = _embed(model, [pad])
+        # Prompt ids enter on the audio channel; the text and function channels hold pad.
+        prefix = _embed(model, prompt) + pad_row + w * pad_row
+        silence = speech.codec_silence_tokens
+        for _ in range(1, len(prompt)):  # position 0 is never spoken
+            previous, tts_cache = tts.step(pad, previous, tts_cache, noise, silence)
+            mx.async_eval(previous)
+    return DuplexCache(
+        llm=model.stt_model.llm.make_cache(),
+        tts=tts_cache,
+        previous_code=previous,
+        noise=noise,
+        prefix=prefix,
+        prompt_frames=len(prompt),
+        prev_text=pad,
+        prev_function=pad,
+        position=0 if not prompt else len(prompt),
+    )
+
+
+def duplex_step(model, cache: DuplexCache, audio_frame: mx.array) -> Tuple[FrameOutput, DuplexCache]:
+    """Advance one input frame: ``audio_frame`` is the projected perception row ``[1, 1, H]``.
+
+    Returns the greedy text and function ids of this frame and its code frame ``[1, Q]``.
+    One host sync (the two ids, which the TTS and the next frame need on the host)."""
+    cfg = model.config
+    stt = model.stt_model
+    speech = model.tts_model
+    w = cfg.function_channel_weight
+    audio_frame = audio_frame.reshape(1, 1, -1)
+    text_row = _embed(model, [cache.prev_text])
+    row = text_row + audio_frame.astype(text_row.dtype)
+    row = row + w * _embed(model, [cache.prev_function])
+    if cache.prefix is not None:
+        row = mx.concatenate([cache.prefix.astype(row.dtype), row], axis=1)
+        cache.prefix = None
+    h = stt.llm(row, cache.llm)[:, -1:]
+    ids = mx.concatenate(
+        [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
+    )
+    text_id, function_id = ids.reshape(-1).tolist()
+    silence = speech.codec_silence_tokens
+    if cache.position == 0:
+        # errata 11: position 0 has no TTS step; it sounds like silence.
+        codes = silence.reshape(1, -1).astype(mx.int32)
+    else:
+        codes, cache.tts = speech.tts_model.step(
+            text_id, cache.previous_code, cache.tts, cache.noise, silence
+        )
+        cache.previous_code = codes
+    mx.async_eval(codes)
+    cache.prev_text, cache.prev_function = text_id, function_id
+    cache.position += 1
+    return FrameOutput(text_id, function_id, codes), cache
+
+
+# --- offline generation -------------------------------------------------------------------
+
+
+@dataclass
+class GenerationResult:
+    user_transcript: str
+    text: str
+    function_text: str
+    text_ids: List[int]
+    function_ids: List[int]
+    codes: np.ndarray  # [frames, Q] int32, after control-code replacement
+    audio: np.ndarray  # [frames * samples_per_frame] float32
+    sample_rate: int
+    frames: int = 0
+    seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+    def save(self, path) -> Any:
+        """Write the reply as mono PCM16 WAV at ``sample_rate``."""
+        return save_wav(path, self.audio, self.sample_rate)
+
+
+def reply_text(model, ids: Sequence[int]) -> str:
+    """Decode ids with pad, silence, bos and eos removed (spec step 7)."""
+    cfg = model.config
+    drop = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
+    keep = [int(i) for i in ids if int(i) not in drop]
+    if not keep:
+        return ""
+    if model.tokenizer is None:
+        raise GenerationError("decoding the reply text needs the model's tokenizer")
+    return model.tokenizer.decode(keep, skip_special_tokens=False)
+
+
+def listen(model, audio, extra_decoding_seconds: float = 0.0, source_rate: Optional[int] = None):
+    """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F)."""
+    if extra_decoding_seconds is None or not np.isfinite(extra_decoding_seconds) or extra_decoding_seconds < 0:
+        raise GenerationError(
+            f"extra_decoding_seconds must be a finite number >= 0, got {extra_decoding_seconds}"
+        )
+    rate = model.config.input_sample_rate
+    samples = load_audio(audio, rate, source_rate)
+    pad = int(round(extra_decoding_seconds * rate))
+    if pad:
+        samples = np.concatenate([samples, np.zeros(pad, dtype=np.float32)])
+    projected, lengths, encoded = model.stt_model.perception(mx.array(samples)[None])
+    F = int(lengths[0].item())
+    if F < 1:
+        raise AudioError(f"the audio is too short: {len(samples)} samples give no 80 ms frame")
+    return projected[:, :F], encoded[:, :F], F
+
+
+def generate(
+    model,
+    audio,
+    system_prompt: Optional[str] = None,
+    extra_decoding_seconds: float = 3.0,
+    seed: int = 0,
+    noise: Optional[NoiseSource] = None,
+    prompt: Optional[Sequence[int]] = None,
+    source_rate: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> GenerationResult:
+    """The offline timeline: ``audio`` (path or array) -> text, function text, codes, reply audio.
+
+    ``prompt`` gives the system prompt as ids directly (``[bos] + ... + [eos]``) instead of
+    ``system_prompt``; ``noise`` replaces the seeded noise source; ``progress(done, total)`` is
+    called after every frame."""
+    cfg = model.config
+    ids = list(prompt) if prompt is not None else prompt_ids(model, system_prompt)
+    projected, encoded, F = listen(model, audio, extra_decoding_seconds, source_rate)
+    limit = cfg.text_args.max_position_embeddings
+    if len(ids) + F > limit:
+        raise GenerationError(
+            f"the system prompt ({len(ids)} tokens) and the audio ({F} frames) need "
+            f"{len(ids) + F} positions; the LLM's context is {limit}"
+        )
+    cache = start_session(model, ids, noise=noise, seed=seed)
+    text_ids, function_ids, codes = [], [], []
+    for i in range(F):
+        out, cache = duplex_step(model, cache, projected[:, i : i + 1])
+        text_ids.append(out.text_id)
+        function_ids.append(out.function_id)
+        codes.append(out.codes)
+        if progress is not None:
+            progress(i + 1, F)
+    speech = model.tts_model
+    all_codes = mx.concatenate(codes, axis=0)[None]  # [1, F, Q]
+    all_codes = replace_control_codes(all_codes, speech.control_codes, speech.codec_silence_tokens)
+    wave = speech.audio_codec.decode(all_codes)[0].astype(mx.float32)
+    mx.eval(wave, all_codes)
+    blank = model.stt_model.rnnt_joint.blank_id
+    tokens, _ = greedy_decode(
+        model.stt_model.rnnt_decoder, model.stt_model.rnnt_joint, encoded, F, blank,
+        cfg.audio_config.max_symbols,
+    )
+    transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
+    return GenerationResult(
+        user_transcript=transcript,
+        text=reply_text(model, text_ids),
+        function_text=reply_text(model, function_ids),
+        text_ids=text_ids,
+        function_ids=function_ids,
+        codes=np.array(all_codes[0]),
+        audio=np.array(wave),
+        sample_rate=cfg.output_sample_rate,
+        frames=F,
+        seconds=F * cfg.frame_duration,
+    )
