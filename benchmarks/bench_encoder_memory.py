@@ -26,7 +26,8 @@ from mlx_voicechat.config import AudioConfig, EncoderConfig
 from mlx_voicechat.perception import Perception
 
 a = json.loads(sys.argv[1])
-cfg = AudioConfig(encoder=EncoderConfig(n_layers=a["layers"], d_model=a["d_model"], n_heads=a["heads"]))
+enc = EncoderConfig(n_layers=a["layers"], d_model=a["d_model"], n_heads=a["heads"])
+cfg = AudioConfig(encoder=enc)
 model = Perception(cfg)
 dtype = getattr(mx, a["dtype"])
 key = mx.random.key(0)
@@ -37,8 +38,8 @@ for k, v in tree_flatten(model.parameters()):
     key, sub = mx.random.split(key)
     params.append((k, (0.02 * mx.random.normal(v.shape, key=sub)).astype(dtype)))
 pre = cfg.preprocessor
-params.append(("preprocessor.featurizer.fb",
-               mel_filters(pre.sample_rate, pre.n_fft, pre.features, norm="slaney", mel_scale="slaney")[None]))
+fb = mel_filters(pre.sample_rate, pre.n_fft, pre.features, norm="slaney", mel_scale="slaney")
+params.append(("preprocessor.featurizer.fb", fb[None]))
 params.append(("preprocessor.featurizer.window", hanning(pre.win_length)))
 model.load_weights(params)
 mx.eval(model.parameters())
@@ -55,7 +56,8 @@ encoded, lengths = model.encode(mel.astype(dtype), mel_len, chunk_size=chunk)
 projected = model.proj(encoded)
 mx.eval(projected, encoded)
 dt = time.perf_counter() - t
-print(json.dumps({"weights_mib": weights / 2**20, "peak_above_mib": (mx.get_peak_memory() - base) / 2**20,
+peak = (mx.get_peak_memory() - base) / 2**20
+print(json.dumps({"weights_mib": weights / 2**20, "peak_above_mib": peak,
                   "frames": int(encoded.shape[1]), "wall_s": dt}))
 """
 
@@ -70,7 +72,9 @@ def run(args, seconds, full):
         "dtype": args.dtype,
         "full": full,
     }
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True
+    )
     if out.returncode:
         sys.exit(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -90,17 +94,31 @@ def main():
         f"encoder: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, {args.dtype}, "
         f"chunks of {args.chunk_frames} frames (80 ms each)"
     )
-    print(f"{'mode':8} {'audio s':>8} {'frames':>7} {'MLX peak above input MiB':>25} {'MiB / audio min':>16} {'wall s':>8}")
+    print(
+        f"{'mode':8} {'audio s':>8} {'frames':>7} {'MLX peak above input MiB':>25} "
+        f"{'slope MiB/min':>14} {'wall s':>8}"
+    )
     start = time.perf_counter()
     for mode in ("chunked", "full") if args.full else ("chunked",):
-        for s in args.seconds:
+        prev = None
+        for s in sorted(args.seconds):
             r = run(args, s, mode == "full")
+            # Growth per minute of audio since the previous length: flat for linear memory.
+            slope = (
+                ""
+                if prev is None
+                else f"{(r['peak_above_mib'] - prev[1]) / ((s - prev[0]) / 60):.2f}"
+            )
             print(
                 f"{mode:8} {s:8.0f} {r['frames']:7d} {r['peak_above_mib']:25.1f} "
-                f"{r['peak_above_mib'] / (s / 60):16.2f} {r['wall_s']:8.1f}",
+                f"{slope:>14} {r['wall_s']:8.1f}",
                 flush=True,
             )
-    print(f"(weights {r['weights_mib']:.0f} MiB not included; total {time.perf_counter() - start:.0f} s)")
+            prev = (s, r["peak_above_mib"])
+    print(
+        f"(weights {r['weights_mib']:.0f} MiB not included; "
+        f"total {time.perf_counter() - start:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ def _to_mono(data: np.ndarray) -> np.ndarray:
     if data.ndim == 1:
         return data
     if data.ndim != 2:
-        raise AudioError(f"audio must be 1-D (samples) or 2-D (samples, channels), got shape {data.shape}")
+        raise AudioError(
+            f"audio must be 1-D (samples) or 2-D (samples, channels), got shape {data.shape}"
+        )
     if data.shape[0] <= MAX_CHANNELS < data.shape[1]:
         data = data.T  # channels-first
     return data.mean(axis=1, dtype=np.float64).astype(np.float32)

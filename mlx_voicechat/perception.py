@@ -11,8 +11,8 @@ full-pass result while memory grows linearly with the input.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,12 +21,12 @@ from mlx_audio.stt.models.nemotron_asr.attention import (
     RelPositionalEncoding,
     RelPositionMultiHeadAttention,
 )
+from mlx_audio.stt.models.nemotron_asr.config import ConformerArgs
 from mlx_audio.stt.models.nemotron_asr.conformer import (
     CausalDwStridingSubsampling,
     ConformerBlock,
     ConformerConvolution,
 )
-from mlx_audio.stt.models.nemotron_asr.config import ConformerArgs
 
 from .config import AudioConfig, ConfigError, EncoderConfig, PreprocessorConfig
 
@@ -78,7 +78,9 @@ class Preprocessor(nn.Module):
     def __init__(self, cfg: PreprocessorConfig):
         super().__init__()
         if str(cfg.normalize).upper() not in ("NA", "NONE"):
-            raise ConfigError(f"preprocessor.normalize {cfg.normalize!r} is not supported (NA only)")
+            raise ConfigError(
+                f"preprocessor.normalize {cfg.normalize!r} is not supported (NA only)"
+            )
         if cfg.pad_to not in (0, None):
             raise ConfigError(f"preprocessor.pad_to {cfg.pad_to!r} is not supported (0 only)")
         self.cfg = cfg
@@ -92,8 +94,7 @@ class Preprocessor(nn.Module):
 
     def __call__(self, wave: mx.array, lengths: Optional[mx.array] = None):
         cfg = self.cfg
-        squeeze = wave.ndim == 1
-        wave = (wave[None] if squeeze else wave).astype(mx.float32)
+        wave = (wave[None] if wave.ndim == 1 else wave).astype(mx.float32)
         B, N = wave.shape
         if lengths is None:
             lengths = mx.full((B,), N, dtype=mx.int32)
@@ -135,7 +136,9 @@ class Subsampling(CausalDwStridingSubsampling):
 
     def output_lengths(self, lengths: mx.array) -> mx.array:
         for _ in range(self.sampling_num):
-            lengths = (lengths + self.pad_left + self.pad_right - self.kernel_size) // self.stride + 1
+            lengths = (
+                lengths + self.pad_left + self.pad_right - self.kernel_size
+            ) // self.stride + 1
         return lengths
 
     def __call__(self, x: mx.array, lengths: Optional[mx.array] = None):
@@ -295,8 +298,11 @@ class FastConformer(nn.Module):
         if mel_len is None:
             mel_len = mx.full((B,), T_mel, dtype=mx.int32)
         lengths = self.output_lengths(mel_len.astype(mx.int32))
+        mel = mel.astype(
+            self.pre_encode.out.weight.dtype
+        )  # the mel is float32, the weights may not be
         factor = 2**self.pre_encode.sampling_num
-        total = int(self.output_lengths(mx.array(T_mel)).item())
+        total = self.output_lengths(T_mel)
         chunk = chunk_size or self.chunk_size
         right = self.cfg.att_context_size[1]
         if self.left_context is None:
@@ -328,6 +334,10 @@ class Perception(nn.Module):
         self.preprocessor = Preprocessor(audio_config.preprocessor)
         self.encoder = FastConformer(audio_config.encoder, chunk_size)
         self.proj = nn.Linear(audio_config.encoder.d_model, audio_config.output_dim)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.preprocessor.cfg.sample_rate
 
     def log_mel(self, wave: mx.array, lengths: Optional[mx.array] = None):
         """``wave`` [B, N] or [N] at 16 kHz -> (mel [B, T, n_mels], mel_len [B])."""

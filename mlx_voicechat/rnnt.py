@@ -12,7 +12,6 @@ import re
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
 from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNetwork
 
@@ -48,7 +47,9 @@ class RNNTDecoder(PredictNetwork):
     def __init__(self, cfg: RNNTDecoderConfig):
         super().__init__(PredictArgs(**cfg.to_dict()))
         self.blank_as_pad = cfg.blank_as_pad
-        self.prediction["dec_rnn"] = StackedLSTM(cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers)
+        self.prediction["dec_rnn"] = StackedLSTM(
+            cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers
+        )
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
         """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""
@@ -96,7 +97,9 @@ def greedy_decode(
     encoder frame of each token). At most ``max_symbols`` tokens per frame."""
     if encoded.ndim == 3:
         if encoded.shape[0] != 1:
-            raise ValueError(f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}")
+            raise ValueError(
+                f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}"
+            )
         encoded = encoded[0]
     T = encoded.shape[0] if length is None else min(int(length), encoded.shape[0])
     blank = joint.blank_id if blank_id is None else int(blank_id)

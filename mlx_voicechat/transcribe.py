@@ -9,7 +9,6 @@ Edge-LLM's ASR runtime.
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from .audio import AudioError, load_audio
+from .audio import INPUT_SAMPLE_RATE, load_audio
 from .rnnt import decode_pieces, greedy_decode
 
 WARMUP_SECONDS = 1.0  # audio run once before a benchmark, so kernel set-up is not timed
@@ -43,7 +42,8 @@ class TranscriptTimings:
     def report(self, tokens: int) -> str:
         return "\n".join(
             [
-                f"audio:    {self.audio_seconds:.2f} s ({self.encoder_frames} encoder frames, {tokens} tokens)",
+                f"audio:    {self.audio_seconds:.2f} s "
+                f"({self.encoder_frames} encoder frames, {tokens} tokens)",
                 f"mel:      {self.mel_ms:.1f} ms",
                 f"encoder:  {self.encoder_ms:.1f} ms",
                 f"decode:   {self.decode_ms:.1f} ms",
@@ -88,7 +88,7 @@ def transcribe(
             f"using {blank}",
             stacklevel=2,
         )
-    sample_rate = perception.preprocessor.cfg.sample_rate
+    sample_rate = perception.sample_rate
     samples = load_audio(audio, sample_rate, source_rate)
 
     start = time.perf_counter()
@@ -144,7 +144,7 @@ def run_transcribe(args, load_fn) -> int:
     model = load_fn(args.model)
     chunk = getattr(args, "chunk_frames", None)
     if args.benchmark:
-        model.transcribe(samples[: int(WARMUP_SECONDS * 16000)], chunk_size=chunk)
+        model.transcribe(samples[: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
     result = model.transcribe(samples, chunk_size=chunk)
     print(result.text)
     if result.language:

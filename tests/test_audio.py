@@ -59,7 +59,9 @@ def test_stereo_file_is_mixed_and_resampled(tmp_path):
     np.testing.assert_allclose(out, direct, atol=1e-6)
     spec = np.abs(np.fft.rfft(out * np.hanning(len(out))))
     hz = np.fft.rfftfreq(len(out), 1 / RATE)
-    assert spec[np.argmin(np.abs(hz - 440))] == pytest.approx(2 * spec[np.argmin(np.abs(hz - 1000))], rel=0.1)
+    assert spec[np.argmin(np.abs(hz - 440))] == pytest.approx(
+        2 * spec[np.argmin(np.abs(hz - 1000))], rel=0.1
+    )
 
 
 def test_arrays_int_float_mx_and_channels_first():
@@ -133,7 +135,12 @@ def test_save_wav_roundtrip_and_atomic(tmp_path):
     x = np.clip(_tone(amp=0.9) * 1.2, -1.5, 1.5)  # clips beyond full scale
     save_wav(path, mx.array(x), 22050)
     info = sf.info(path)
-    assert (info.samplerate, info.channels, info.subtype, info.format) == (22050, 1, "PCM_16", "WAV")
+    assert (info.samplerate, info.channels, info.subtype, info.format) == (
+        22050,
+        1,
+        "PCM_16",
+        "WAV",
+    )
     back, _ = sf.read(path, dtype="int16")
     want = np.clip(np.round(x * 32768), -32768, 32767).astype(np.int16)
     np.testing.assert_array_equal(back, want)

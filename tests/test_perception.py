@@ -29,7 +29,11 @@ def oracle01():
     cfg = json.loads((ORACLE / "01_perception_rnnt_config.json").read_text())
     pc = cfg["perception_cfg"]
     audio = AudioConfig.from_dict(
-        {"preprocessor": pc["preprocessor"], "encoder": pc["encoder"], "output_dim": pc["output_dim"]}
+        {
+            "preprocessor": pc["preprocessor"],
+            "encoder": pc["encoder"],
+            "output_dim": pc["output_dim"],
+        }
     )
     weights = mx.load(str(ORACLE / "01_perception_rnnt.safetensors"))
     perception = _load(Perception(audio), _strip(weights, "perception."))
@@ -133,7 +137,10 @@ def tiny_encoder():
     from mlx.utils import tree_flatten, tree_unflatten
 
     rng = np.random.default_rng(7)
-    flat = [(k, mx.array(0.3 * rng.standard_normal(v.shape), dtype=mx.float32)) for k, v in tree_flatten(params)]
+    flat = [
+        (k, mx.array(0.3 * rng.standard_normal(v.shape), dtype=mx.float32))
+        for k, v in tree_flatten(params)
+    ]
     enc.update(tree_unflatten(flat))
     mx.eval(enc.parameters())
     return enc
@@ -163,7 +170,9 @@ def test_chunked_encoding_is_causal(tiny_encoder):
 def test_padded_frames_do_not_change_valid_frames(tiny_encoder):
     mel = mx.random.normal((2, 8 * 12 + 2, TINY.feat_in), key=mx.random.key(3))
     short_len = 8 * 7 + 1  # odd at every stage: the tensor then has one padded encoder frame
-    mel = mx.concatenate([mel[:1], mx.where(mx.arange(mel.shape[1])[:, None] < short_len, mel[1:], 0)])
+    mel = mx.concatenate(
+        [mel[:1], mx.where(mx.arange(mel.shape[1])[:, None] < short_len, mel[1:], 0)]
+    )
     batch, lengths = tiny_encoder(mel, mx.array([mel.shape[1] - 1, short_len]), chunk_size=4)
     alone, alone_len = tiny_encoder(mel[1:, : short_len + 1], mx.array([short_len]), chunk_size=4)
     n = int(alone_len[0])
@@ -173,8 +182,7 @@ def test_padded_frames_do_not_change_valid_frames(tiny_encoder):
 
 def test_context_mask_70_0():
     m = np.asarray(context_mask(0, 100, 0, 100, 70, 0))
-    i, j = 80, np.arange(100)
-    visible = m[i] == 0
+    visible = m[80] == 0
     assert np.array_equal(np.nonzero(visible)[0], np.arange(10, 81))
     # The same rows for a chunk whose keys start 70 frames before its queries.
     m2 = np.asarray(context_mask(80, 5, 10, 75, 70, 0))
@@ -186,3 +194,27 @@ def test_preprocessor_rejects_unsupported_normalize():
 
     with pytest.raises(ConfigError, match="normalize"):
         Perception(AudioConfig(preprocessor=PreprocessorConfig(normalize="per_feature")))
+
+
+def test_bfloat16_weights_run_in_bfloat16(oracle01):
+    perception, io = oracle01
+    half = Perception(
+        AudioConfig.from_dict(
+            {
+                "encoder": {
+                    "d_model": 64,
+                    "n_heads": 4,
+                    "n_layers": 2,
+                    "subsampling_conv_channels": 32,
+                },
+                "output_dim": 96,
+            }
+        )
+    )
+    half.update(perception.parameters())
+    half.encoder.set_dtype(mx.bfloat16)
+    half.proj.set_dtype(mx.bfloat16)
+    _, _, encoded = half(mx.array(io["wav"]))
+    assert encoded.dtype == mx.bfloat16
+    ref = io["encoder_out_bdt"].transpose(0, 2, 1)
+    assert _max_err(encoded.astype(mx.float32), ref) < 0.1 * float(np.abs(ref).max())

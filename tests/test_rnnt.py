@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from mlx_voicechat.audio import AudioError
-
 from mlx_voicechat.config import AudioConfig, VoiceChatConfig
 from mlx_voicechat.perception import Perception
 from mlx_voicechat.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
@@ -52,7 +51,9 @@ def nvidia():
     cfg = VoiceChatConfig.from_dict(json.loads((NVIDIA / "config.json").read_text()))
     weights = mx.load(str(NVIDIA / "model.safetensors"))
     perception = _load(Perception(cfg.audio_config), _strip(weights, "stt_model.perception."))
-    decoder = _load(RNNTDecoder(cfg.audio_config.decoder), _strip(weights, "stt_model.rnnt_decoder."))
+    decoder = _load(
+        RNNTDecoder(cfg.audio_config.decoder), _strip(weights, "stt_model.rnnt_decoder.")
+    )
     joint = _load(RNNTJoint(cfg.audio_config.joint), _strip(weights, "stt_model.rnnt_joint."))
     vocab = json.loads((NVIDIA / "rnnt_tokenizer" / "vocab.json").read_text())
     return cfg, perception, decoder, joint, vocab, dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
@@ -70,7 +71,7 @@ class CountingDecoder:
 
 
 def reference_greedy(decoder, joint, encoded, blank, max_symbols):
-    """NeMo's GreedyRNNTInfer loop as written: prediction rerun at every step, one frame at a time."""
+    """NeMo's GreedyRNNTInfer loop as written: the prediction reruns at every step."""
     enc = encoded[0]
     tokens, frames, state, last = [], [], None, None
     for t in range(enc.shape[0]):
@@ -102,7 +103,7 @@ def test_prediction_network_matches_nemo(rnnt01):
     assert float(mx.abs(out - mx.array(io["rnnt_pred_seq"])).max()) < 1e-5
     assert h.shape == c.shape == (2, 1, 32)
     # Step by step with the carried state gives the same sequence.
-    y, state, steps = None, None, []
+    state, steps = None, []
     for label in [None] + io["rnnt_tf_labels"][0].tolist():
         step, state = decoder(None if label is None else mx.array([[label]]), state)
         steps.append(step)
@@ -164,8 +165,12 @@ def test_rnnt_04_from_nvidia_layout(nvidia):
     cfg, _, decoder, joint, vocab, io = nvidia
     assert cfg.load_rnnt_vocabulary(NVIDIA) == vocab
     tokens, frames = greedy_decode(
-        decoder, joint, mx.array(io["asr_encoder_btd"]), int(io["asr_encoder_len"][0]),
-        joint.blank_id, cfg.audio_config.max_symbols,
+        decoder,
+        joint,
+        mx.array(io["asr_encoder_btd"]),
+        int(io["asr_encoder_len"][0]),
+        joint.blank_id,
+        cfg.audio_config.max_symbols,
     )
     assert tokens == io["rnnt_greedy_tokens"].tolist()
     assert frames == io["rnnt_greedy_timestamps"].tolist()
@@ -174,7 +179,18 @@ def test_rnnt_04_from_nvidia_layout(nvidia):
 
 
 def test_decode_pieces_filters_and_joins():
-    vocab = ["<unk>", "<pad>", "<s>", "</s>", "<en-US>", "\u2581hel", "lo", "\u2581world", "<de-DE>", "\u2581"]
+    vocab = [
+        "<unk>",
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<en-US>",
+        "\u2581hel",
+        "lo",
+        "\u2581world",
+        "<de-DE>",
+        "\u2581",
+    ]
     text, language = decode_pieces([4, 2, 5, 6, 0, 1, 7, 3, 9, 40], vocab)
     assert text == "hello world"
     assert language == "en-US"
@@ -192,7 +208,9 @@ def test_transcribe_04_wave(nvidia):
     assert result.text == str(io["rnnt_text"])
     t = result.timings
     assert t.audio_seconds == pytest.approx(1.0) and t.encoder_frames == 14
-    assert min(t.mel_ms, t.encoder_ms, t.decode_ms) > 0 and t.rtf == pytest.approx(t.total_ms / 1000)
+    assert min(t.mel_ms, t.encoder_ms, t.decode_ms) > 0 and t.rtf == pytest.approx(
+        t.total_ms / 1000
+    )
 
 
 def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
@@ -204,7 +222,9 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
 
     class Model:
         def transcribe(self, audio, chunk_size=None):
-            return transcribe(perception, decoder, joint, vocab, None, 10, audio, chunk_size=chunk_size)
+            return transcribe(
+                perception, decoder, joint, vocab, None, 10, audio, chunk_size=chunk_size
+            )
 
     parser = argparse.ArgumentParser(prog="mlx-voicechat")
     add_transcribe_parser(parser.add_subparsers(dest="command"))
@@ -216,7 +236,9 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
     for label in ("audio:", "mel:", "encoder:", "decode:", "RTF:"):
         assert any(line.startswith(label) for line in out), label
 
-    args = parser.parse_args(["transcribe", "--model", "m", "--audio", str(tmp_path / "missing.wav")])
+    args = parser.parse_args(
+        ["transcribe", "--model", "m", "--audio", str(tmp_path / "missing.wav")]
+    )
     # The CLI's main() turns the AudioError into one line and exit code 2 (tests/test_cli.py).
     with pytest.raises(AudioError, match="audio file not found"):
         run_transcribe(args, lambda path: pytest.fail("loads no model for bad audio"))

@@ -1,0 +1,80 @@
+"""``mlx-voicechat generate``: a question WAV in, the reply text and WAV out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .audio import load_audio
+from .duplex import GenerationError
+
+PROGRESS_MIN_FRAMES = 50  # 4 s of timeline: shorter runs print no progress bar
+
+
+def add_generate_parser(subparsers):
+    p = subparsers.add_parser(
+        "generate",
+        help="answer a spoken question with text and speech",
+        description="Run the offline duplex loop on an audio file and write the spoken reply.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
+    p.add_argument("--output-audio", required=True, help="reply WAV (22050 Hz mono PCM16)")
+    p.add_argument("-p", "--system-prompt", default="", help="system prompt (empty: none)")
+    p.add_argument("--extra-decoding-seconds", type=float, default=3.0,
+                   help="seconds of silence appended so the model can finish (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
+    p.add_argument("--quiet", action="store_true", help="print no progress bar")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.set_defaults(func=run_generate)
+    return p
+
+
+class _Progress:
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.start = enabled, None, time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < PROGRESS_MIN_FRAMES:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="frame", leave=False)
+        self.bar.update(1)
+        elapsed = time.perf_counter() - self.start
+        self.bar.set_postfix(rtf=f"{elapsed / (done * 0.08):.2f}")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_generate(args) -> int:
+    from .checkpoint import load
+
+    if args.extra_decoding_seconds < 0:
+        raise GenerationError(
+            f"--extra-decoding-seconds must be >= 0, got {args.extra_decoding_seconds}"
+        )
+    out = Path(args.output_audio)
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise GenerationError(f"cannot write {out}: folder {folder} does not exist")
+    samples = load_audio(args.audio)  # a bad file fails before the model loads
+    model = load(args.model, tokenizer=args.tokenizer)
+    progress = _Progress(not args.quiet)
+    try:
+        result = model.generate(
+            samples, system_prompt=args.system_prompt or None,
+            extra_decoding_seconds=args.extra_decoding_seconds, seed=args.seed,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    result.save(out)
+    print(f"[user] {result.user_transcript}")
+    print(result.text)
+    if result.function_text:
+        print(f"[function] {result.function_text}")
+    return 0

@@ -1,0 +1,138 @@
+"""`mlx-voicechat generate`, `python -m mlx_audio.sts.generate`, and bad inputs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mlx_voicechat import load
+from mlx_voicechat.audio import AudioError
+from mlx_voicechat.cli import main
+from mlx_voicechat.duplex import GenerationError
+from mlx_voicechat.errors import VoiceChatError
+
+ROOT = Path(__file__).parent.parent
+SPF = 1764
+
+
+@pytest.fixture(scope="module")
+def question(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q") / "question.wav"
+    rng = np.random.default_rng(0)
+    sf.write(path, (0.1 * rng.standard_normal(12000)).astype(np.float32), 16000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return load(tiny_checkpoints["mlx-community"])
+
+
+def _check_wav(path, frames=None):
+    info = sf.info(str(path))
+    assert info.samplerate == 22050 and info.channels == 1 and info.subtype == "PCM_16"
+    assert info.frames % SPF == 0
+    if frames is not None:
+        assert info.frames == frames * SPF
+    return info.frames // SPF
+
+
+def test_mlx_voicechat_generate_subprocess(tiny_checkpoints, question, tmp_path):
+    out = tmp_path / "reply.wav"
+    res = subprocess.run(
+        [sys.executable, "-m", "mlx_voicechat", "generate", "--model",
+         str(tiny_checkpoints["mlx-community"]), "--audio", str(question), "--output-audio",
+         str(out), "-p", "Be brief.", "--extra-decoding-seconds", "0.5", "--seed", "1", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("[user] ")
+    # 0.75 s + 0.5 s of silence = 20000 samples -> 125 mel frames -> 63 -> 32 -> 17 frames
+    assert _check_wav(out) == 17
+
+
+def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path):
+    out = tmp_path / "reply.wav"
+    res = subprocess.run(
+        [sys.executable, "-m", "mlx_audio.sts.generate", "--model",
+         str(tiny_checkpoints["mlx-community"]), "--audio", str(question), "--output-path",
+         str(out), "--system-prompt", "Be brief.", "--seed", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    frames = _check_wav(out)
+    assert frames > 0
+    assert out.with_suffix(".txt").exists()
+
+
+def test_cli_in_process_prints_reply(tiny_checkpoints, question, tmp_path, capsys):
+    out = tmp_path / "r.wav"
+    rc = main(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
+               str(question), "--output-audio", str(out), "--extra-decoding-seconds", "0",
+               "--quiet"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[user] ")
+    _check_wav(out)
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def _cli_error(args, capsys):
+    rc = main(args)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1
+    return err
+
+
+def test_unreadable_audio(tiny_checkpoints, tmp_path, capsys):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not audio at all")
+    out = tmp_path / "r.wav"
+    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
+                      str(bad), "--output-audio", str(out)], capsys)
+    assert "cannot read audio file" in err
+    assert not out.exists()
+
+
+def test_empty_audio(tiny, tmp_path):
+    empty = tmp_path / "empty.wav"
+    sf.write(empty, np.zeros(0, dtype=np.float32), 16000)
+    with pytest.raises(AudioError, match="is empty"):
+        tiny.generate(str(empty))
+
+
+def test_negative_extra_decoding_seconds(tiny, tiny_checkpoints, question, tmp_path, capsys):
+    with pytest.raises(GenerationError, match="extra_decoding_seconds must be a finite number >= 0"):
+        tiny.generate(str(question), extra_decoding_seconds=-1.0)
+    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
+                      str(question), "--output-audio", str(tmp_path / "r.wav"),
+                      "--extra-decoding-seconds", "-1"], capsys)
+    assert "--extra-decoding-seconds must be >= 0" in err
+
+
+def test_prompt_longer_than_context(tiny, question):
+    limit = tiny.config.text_args.max_position_embeddings
+    with pytest.raises(GenerationError, match="LLM's context is"):
+        tiny.generate(str(question), prompt=[1] + [45] * (limit - 2) + [2])
+    assert issubclass(GenerationError, VoiceChatError)
+
+
+def test_output_in_missing_folder(tiny_checkpoints, question, tmp_path, capsys):
+    out = tmp_path / "missing" / "r.wav"
+    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
+                      str(question), "--output-audio", str(out)], capsys)
+    assert "does not exist" in err
+    assert not out.parent.exists()
+
+
+def test_save_into_missing_folder_leaves_nothing(tiny, question, tmp_path):
+    r = tiny.generate(str(question), extra_decoding_seconds=0.0)
+    with pytest.raises(AudioError, match="does not exist"):
+        r.save(tmp_path / "nope" / "r.wav")
+    assert list(tmp_path.iterdir()) == []
