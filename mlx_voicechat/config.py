@@ -325,8 +325,10 @@ def text_args(text_config: Dict[str, Any]):
     pattern = d.get("hybrid_override_pattern")
     if isinstance(pattern, str):
         d["hybrid_override_pattern"] = list(pattern)
-    if d.get("time_step_limit") is not None:
-        d["time_step_limit"] = tuple(d["time_step_limit"])
+    # transformers' Nemotron-H, which NeMo runs, floors dt at time_step_min (1e-3 unless the
+    # config says otherwise) on top of time_step_limit; mlx-lm clips to time_step_limit only.
+    low, high = d.get("time_step_limit") or (0.0, float("inf"))
+    d["time_step_limit"] = (max(float(low), float(d.get("time_step_min") or 1e-3)), float(high))
     return NemotronHArgs.from_dict(d)
 
 
