@@ -26,14 +26,18 @@ from .config import VoiceChatConfig
 from .errors import CheckpointError
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]
+TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 # --- where the files are --------------------------------------------------------------------
 
 
-def resolve_path(path_or_id: Union[str, Path], revision: Optional[str] = None) -> Path:
-    """A local folder as it is; a hub id through ``huggingface_hub.snapshot_download``."""
+def resolve_path(
+    path_or_id: Union[str, Path], revision: Optional[str] = None, patterns=WEIGHT_PATTERNS
+) -> Path:
+    """A local folder as it is; a hub id through ``huggingface_hub.snapshot_download``
+    (only the files matching ``patterns``)."""
     path = Path(path_or_id).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -45,7 +49,7 @@ def resolve_path(path_or_id: Union[str, Path], revision: Optional[str] = None) -
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(text, revision=revision, allow_patterns=WEIGHT_PATTERNS))
+        return Path(snapshot_download(text, revision=revision, allow_patterns=list(patterns)))
     except Exception as e:  # offline, unknown repo, gated repo: all one message
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -165,7 +169,7 @@ def load_tokenizer(source: Union[str, Path, Any]):
         return source  # already a tokenizer object
     folder = Path(source).expanduser()
     if not folder.exists():
-        folder = resolve_path(str(source))
+        folder = resolve_path(str(source), patterns=TOKENIZER_PATTERNS)
     if folder.is_file():
         folder = folder.parent
     if not (folder / "tokenizer.json").exists():

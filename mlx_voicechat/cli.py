@@ -171,9 +171,10 @@ def _extra_verbs():
         p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
         p.set_defaults(func=lambda a: run_transcribe(a, lambda m: _load(m, a.tokenizer)))
 
+    from .convert import add_convert_parser
     from .generate_cli import add_generate_parser
 
-    return [transcribe_verb, add_generate_parser]
+    return [transcribe_verb, add_generate_parser, add_convert_parser]
 
 
 def _load(model, tokenizer=None):

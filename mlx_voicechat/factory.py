@@ -9,8 +9,6 @@ A checkpoint is a pure function of (scale, seed): the same arguments write the s
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import shutil
 import tempfile
@@ -20,11 +18,20 @@ from typing import Any, Dict, List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from .config import NEMOTRON_NANO_9B_V2, VoiceChatConfig
 from .errors import VoiceChatError
 from .sanitize import conv_transpose_keys, to_torch_layout
+from .writer import (
+    flat_config,
+    listed_modules,
+    quantization_map,
+    save_safetensors,
+    save_sharded,
+    write_json,
+    write_rnnt_tokenizer,
+)
 
 LAYOUTS = ("mlx-community", "nvidia", "mlx-audio")
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<SPECIAL_{i}>" for i in range(3, 16)]
@@ -371,51 +378,6 @@ def nemo_config(config: VoiceChatConfig) -> Dict[str, Any]:
     }
 
 
-def _quantization_map(model: nn.Module, bits: int, group_size: int) -> Dict[str, Any]:
-    """mlx-community's choice: the LLM's mixer linears, the embedding and both heads, where the
-    input width is a multiple of the group size."""
-    q: Dict[str, Any] = {"group_size": group_size, "bits": bits}
-    for name, m in model.named_modules():
-        if not name.startswith("stt_model."):
-            continue
-        is_llm = name.startswith("stt_model.llm.") and ".mixer." in name
-        is_head = name in ("stt_model.embed_tokens", "stt_model.lm_head", "stt_model.function_head")
-        if (is_llm or is_head) and isinstance(m, (nn.Linear, nn.Embedding)):
-            if m.weight.shape[-1] % group_size == 0:
-                q[name] = {"group_size": group_size, "bits": bits}
-    return q
-
-
-def _save_safetensors(path: Path, weights: Dict[str, mx.array], metadata=None):
-    mx.save_safetensors(str(path), weights, metadata=metadata or {"format": "mlx"})
-
-
-def _save_sharded(folder: Path, weights: Dict[str, mx.array], max_shard_bytes: int):
-    shards: List[Dict[str, mx.array]] = [{}]
-    size = 0
-    for k in sorted(weights):
-        nbytes = weights[k].nbytes
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][k] = weights[k]
-        size += nbytes
-    n = len(shards)
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        _save_safetensors(folder / name, shard)
-        weight_map.update({k: name for k in shard})
-    total = sum(v.nbytes for v in weights.values())
-    with open(folder / "model.safetensors.index.json", "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-
-
-def _write_json(path: Path, obj):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-
-
 def make_checkpoint(
     out_dir,
     scale: str = "tiny",
@@ -460,8 +422,8 @@ def make_checkpoint(
     quant_map = None
     if quantize:
         model.load_weights(list(weights.items()), strict=True)
-        quant_map = _quantization_map(model, quantize, group_size)
-        listed = {k for k, v in quant_map.items() if isinstance(v, dict)}
+        quant_map = quantization_map(model, quantize, group_size)
+        listed = set(listed_modules(quant_map))
         nn.quantize(model, group_size=group_size, bits=quantize,
                     class_predicate=lambda p, m: p in listed)
         weights = dict(tree_flatten(model.parameters()))
@@ -471,36 +433,29 @@ def make_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         if layout == "mlx-community":
-            flat = config.to_dict()
-            if quant_map:
-                flat["quantization"] = quant_map
-                flat["quantization_config"] = quant_map
-            _write_json(tmp / "config.json", flat)
+            write_json(tmp / "config.json", flat_config(config, quant_map))
             torch_w = to_torch_layout(weights, conv_transpose_keys(model))
-            _save_sharded(tmp, torch_w, max_shard_bytes)
+            save_sharded(tmp, torch_w, max_shard_bytes)
         elif layout == "nvidia":
-            _write_json(tmp / "config.json", nemo_config(config))
+            write_json(tmp / "config.json", nemo_config(config))
             torch_w = to_torch_layout(weights, conv_transpose_keys(model))
             h = config.tts_config.hidden_size
             k = mx.random.key(seed + 1)
             torch_w["tts_model.tts_model.audio_prompt_projection_W"] = mx.random.normal((h, h), key=k)
-            _save_safetensors(tmp / "model.safetensors", torch_w, {"format": "pt"})
+            save_safetensors(tmp / "model.safetensors", torch_w, {"format": "pt"})
         else:
             nested = nemo_config(config)
             nested["model_type"] = "nemotron_voicechat"
             nested["mlx_audio"] = {"llm_config": dict(config.text_config), "prepared_weights": True}
             if quant_map:
                 nested["quantization"] = {"group_size": group_size, "bits": quantize, "mode": "affine"}
-            _write_json(tmp / "config.json", nested)
-            _save_safetensors(tmp / "model.safetensors", weights)
+            write_json(tmp / "config.json", nested)
+            save_safetensors(tmp / "model.safetensors", weights)
         if with_tokenizer:
             tokenizer.save(str(tmp / "tokenizer.json"))
-            _write_json(tmp / "tokenizer_config.json", _tokenizer_config())
+            write_json(tmp / "tokenizer_config.json", _tokenizer_config())
         if layout != "mlx-audio":
-            (tmp / "rnnt_tokenizer").mkdir()
-            _write_json(tmp / "rnnt_tokenizer" / "vocab.json", list(config.rnnt_vocabulary))
-            _write_json(tmp / "rnnt_tokenizer" / "tokenizer_config.json",
-                        {"dir": "rnnt_tokenizer", "type": "bpe"})
+            write_rnnt_tokenizer(tmp, config.rnnt_vocabulary)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
