@@ -1,17 +1,16 @@
 """The dual-head Nemotron-H on fused inputs against NeMo (oracle 02), float32."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE, strip_prefix
 
 from mlx_voicechat.config import VoiceChatConfig
 from mlx_voicechat.model import STTModel
 from mlx_voicechat.sanitize import sanitize_module
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 TOL = 1e-4
 
 
@@ -19,22 +18,20 @@ def _err(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
-def _strip(weights, prefix):
-    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-
-
 @pytest.fixture(scope="module")
 def stt():
     # 02's stt weights are 04's; the nvidia-layout config describes that model.
-    cfg = VoiceChatConfig.from_dict(json.loads((ORACLE / "nvidia-layout" / "config.json").read_text()))
+    cfg = VoiceChatConfig.from_dict(
+        json.loads((ORACLE / "nvidia-layout" / "config.json").read_text())
+    )
     model = STTModel(cfg)
     w = mx.load(str(ORACLE / "02_stt_llm.safetensors"))
     parts = {
-        "perception": _strip(w, "stt_model.perception."),
-        "llm": _strip(w, "stt_model.llm."),
-        "embed_tokens": _strip(w, "stt_model.embed_tokens."),
-        "lm_head": _strip(w, "stt_model.lm_head."),
-        "function_head": _strip(w, "glue.function_head."),
+        "perception": strip_prefix(w, "stt_model.perception."),
+        "llm": strip_prefix(w, "stt_model.llm."),
+        "embed_tokens": strip_prefix(w, "stt_model.embed_tokens."),
+        "lm_head": strip_prefix(w, "stt_model.lm_head."),
+        "function_head": strip_prefix(w, "glue.function_head."),
     }
     for name, weights in parts.items():
         module = getattr(model, name)

@@ -1,27 +1,14 @@
 """Listening path front half: log-mel, FastConformer, projection, chunked encoding (oracle 01)."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE, load_module, strip_prefix
 
 from mlx_voicechat.config import AudioConfig, EncoderConfig, PreprocessorConfig, VoiceChatConfig
 from mlx_voicechat.perception import FastConformer, Perception, context_mask
-from mlx_voicechat.sanitize import sanitize_module
-
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
-
-
-def _strip(weights, prefix):
-    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-
-
-def _load(module, weights):
-    module.load_weights(list(sanitize_module(module, weights).items()), strict=True)
-    mx.eval(module.parameters())
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +23,7 @@ def oracle01():
         }
     )
     weights = mx.load(str(ORACLE / "01_perception_rnnt.safetensors"))
-    perception = _load(Perception(audio), _strip(weights, "perception."))
+    perception = load_module(Perception(audio), strip_prefix(weights, "perception."))
     return perception, dict(np.load(ORACLE / "01_perception_rnnt_io.npz"))
 
 
@@ -109,7 +96,9 @@ def test_nvidia_layout_loads_strictly_and_matches_02():
     folder = ORACLE / "nvidia-layout"
     cfg = VoiceChatConfig.from_dict(json.loads((folder / "config.json").read_text()))
     weights = mx.load(str(folder / "model.safetensors"))
-    perception = _load(Perception(cfg.audio_config), _strip(weights, "stt_model.perception."))
+    perception = load_module(
+        Perception(cfg.audio_config), strip_prefix(weights, "stt_model.perception.")
+    )
     io = np.load(ORACLE / "02_stt_llm_io.npz")
     projected, lengths, encoded = perception(mx.array(io["wav"]))
     assert int(lengths[0]) == int(io["perception_len"][0])

@@ -2,17 +2,16 @@
 
 import argparse
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE, load_module, strip_prefix
 
 from mlx_voicechat.audio import AudioError
 from mlx_voicechat.config import AudioConfig, VoiceChatConfig
 from mlx_voicechat.perception import Perception
 from mlx_voicechat.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
-from mlx_voicechat.sanitize import sanitize_module
 from mlx_voicechat.transcribe import (
     TranscriptResult,
     add_transcribe_parser,
@@ -20,18 +19,7 @@ from mlx_voicechat.transcribe import (
     transcribe,
 )
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 NVIDIA = ORACLE / "nvidia-layout"
-
-
-def _strip(weights, prefix):
-    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
-
-
-def _load(module, weights):
-    module.load_weights(list(sanitize_module(module, weights).items()), strict=True)
-    mx.eval(module.parameters())
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +27,10 @@ def rnnt01():
     cfg = json.loads((ORACLE / "01_perception_rnnt_config.json").read_text())
     audio = AudioConfig.from_dict({"decoder": cfg["rnnt_decoder"], "joint": cfg["rnnt_joint"]})
     weights = mx.load(str(ORACLE / "01_perception_rnnt.safetensors"))
-    decoder = _load(RNNTDecoder(audio.decoder), _strip(weights, "rnnt_decoder."))
-    joint = _load(RNNTJoint(audio.joint), _strip(weights, "rnnt_joint."))  # joint_net.1 -> .2
+    decoder = load_module(RNNTDecoder(audio.decoder), strip_prefix(weights, "rnnt_decoder."))
+    joint = load_module(
+        RNNTJoint(audio.joint), strip_prefix(weights, "rnnt_joint.")
+    )  # joint_net.1 -> .2
     io = dict(np.load(ORACLE / "01_perception_rnnt_io.npz"))
     encoded = mx.array(io["encoder_out_bdt"].transpose(0, 2, 1))
     return decoder, joint, encoded, io
@@ -50,11 +40,15 @@ def rnnt01():
 def nvidia():
     cfg = VoiceChatConfig.from_dict(json.loads((NVIDIA / "config.json").read_text()))
     weights = mx.load(str(NVIDIA / "model.safetensors"))
-    perception = _load(Perception(cfg.audio_config), _strip(weights, "stt_model.perception."))
-    decoder = _load(
-        RNNTDecoder(cfg.audio_config.decoder), _strip(weights, "stt_model.rnnt_decoder.")
+    perception = load_module(
+        Perception(cfg.audio_config), strip_prefix(weights, "stt_model.perception.")
     )
-    joint = _load(RNNTJoint(cfg.audio_config.joint), _strip(weights, "stt_model.rnnt_joint."))
+    decoder = load_module(
+        RNNTDecoder(cfg.audio_config.decoder), strip_prefix(weights, "stt_model.rnnt_decoder.")
+    )
+    joint = load_module(
+        RNNTJoint(cfg.audio_config.joint), strip_prefix(weights, "stt_model.rnnt_joint.")
+    )
     vocab = json.loads((NVIDIA / "rnnt_tokenizer" / "vocab.json").read_text())
     return cfg, perception, decoder, joint, vocab, dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
 
