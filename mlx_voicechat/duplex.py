@@ -133,14 +133,12 @@ def start_session(
     )
 
 
-def duplex_step(model, cache: DuplexCache, audio_frame: mx.array) -> Tuple[FrameOutput, DuplexCache]:
-    """Advance one input frame: ``audio_frame`` is the projected perception row ``[1, 1, H]``.
+def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
+    """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
-    Returns the greedy text and function ids of this frame and its code frame ``[1, Q]``.
-    One host sync (the two ids, which the TTS and the next frame need on the host)."""
+    Advances the LLM cache; reads the previous ids from ``cache`` (host ints)."""
     cfg = model.config
     stt = model.stt_model
-    speech = model.tts_model
     w = cfg.function_channel_weight
     audio_frame = audio_frame.reshape(1, 1, -1)
     text_row = _embed(model, [cache.prev_text])
@@ -153,20 +151,66 @@ def duplex_step(model, cache: DuplexCache, audio_frame: mx.array) -> Tuple[Frame
     ids = mx.concatenate(
         [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
     )
-    text_id, function_id = ids.reshape(-1).tolist()
+    return ids.reshape(-1)
+
+
+def speak(model, cache: DuplexCache, text_id: int, position: int) -> mx.array:
+    """The TTS half of the frame at timeline ``position``: its code frame ``[1, Q]`` (lazy)."""
+    speech = model.tts_model
     silence = speech.codec_silence_tokens
-    if cache.position == 0:
+    if position == 0:
         # errata 11: position 0 has no TTS step; it sounds like silence.
-        codes = silence.reshape(1, -1).astype(mx.int32)
-    else:
-        codes, cache.tts = speech.tts_model.step(
-            text_id, cache.previous_code, cache.tts, cache.noise, silence
-        )
-        cache.previous_code = codes
+        return silence.reshape(1, -1).astype(mx.int32)
+    codes, cache.tts = speech.tts_model.step(
+        text_id, cache.previous_code, cache.tts, cache.noise, silence
+    )
+    cache.previous_code = codes
+    return codes
+
+
+def duplex_step(model, cache: DuplexCache, audio_frame: mx.array) -> Tuple[FrameOutput, DuplexCache]:
+    """Advance one input frame: ``audio_frame`` is the projected perception row ``[1, 1, H]``.
+
+    Returns the greedy text and function ids of this frame and its code frame ``[1, Q]``.
+    One host sync (the two ids, which the TTS and the next frame need on the host)."""
+    ids = think(model, cache, audio_frame)
+    text_id, function_id = ids.tolist()
+    codes = speak(model, cache, text_id, cache.position)
     mx.async_eval(codes)
     cache.prev_text, cache.prev_function = text_id, function_id
     cache.position += 1
     return FrameOutput(text_id, function_id, codes), cache
+
+
+def run_frames(
+    model,
+    cache: DuplexCache,
+    frames: mx.array,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> Tuple[List[FrameOutput], DuplexCache]:
+    """``duplex_step`` over every row of ``frames`` ``[1, F, H]``, pipelined: the LLM of frame
+    ``i + 1`` is queued before the TTS of frame ``i``, so the host builds one while the device
+    runs the other. Same operations in the same order per cache, so the same results."""
+    F = frames.shape[1]
+    outputs: List[FrameOutput] = []
+    if F == 0:
+        return outputs, cache
+    pending = think(model, cache, frames[:, 0:1])
+    mx.async_eval(pending)
+    for i in range(F):
+        text_id, function_id = pending.tolist()  # the frame's one host sync
+        position = cache.position
+        cache.prev_text, cache.prev_function = text_id, function_id
+        cache.position += 1
+        if i + 1 < F:
+            pending = think(model, cache, frames[:, i + 1 : i + 2])
+            mx.async_eval(pending)
+        codes = speak(model, cache, text_id, position)
+        mx.async_eval(codes)
+        outputs.append(FrameOutput(text_id, function_id, codes))
+        if progress is not None:
+            progress(i + 1, F)
+    return outputs, cache
 
 
 # --- offline generation -------------------------------------------------------------------
@@ -247,14 +291,10 @@ def generate(
             f"{len(ids) + F} positions; the LLM's context is {limit}"
         )
     cache = start_session(model, ids, noise=noise, seed=seed)
-    text_ids, function_ids, codes = [], [], []
-    for i in range(F):
-        out, cache = duplex_step(model, cache, projected[:, i : i + 1])
-        text_ids.append(out.text_id)
-        function_ids.append(out.function_id)
-        codes.append(out.codes)
-        if progress is not None:
-            progress(i + 1, F)
+    outputs, cache = run_frames(model, cache, projected, progress)
+    text_ids = [o.text_id for o in outputs]
+    function_ids = [o.function_id for o in outputs]
+    codes = [o.codes for o in outputs]
     speech = model.tts_model
     all_codes = mx.concatenate(codes, axis=0)[None]  # [1, F, Q]
     all_codes = replace_control_codes(all_codes, speech.control_codes, speech.codec_silence_tokens)
