@@ -57,8 +57,11 @@ def write_source(folder: Path, hidden: int) -> None:
     weights = random_weights(model, config, tok, seed=0)
     tmp = folder.with_name(folder.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
-    save_safetensors(tmp / "model.safetensors", to_torch_layout(weights, conv_transpose_keys(model)),
-                     {"format": "pt"})
+    save_safetensors(
+        tmp / "model.safetensors",
+        to_torch_layout(weights, conv_transpose_keys(model)),
+        {"format": "pt"},
+    )
     del weights
     write_json(tmp / "config.json", nemo_config(config))
     tok.save(str(tmp / "tokenizer.json"))
@@ -93,8 +96,11 @@ def main():
     size = (src / "model.safetensors").stat().st_size / 2**20
     largest /= 2**20
     out = Path(tempfile.mkdtemp(prefix="vc-conv-", dir=root)) / "out"
-    r = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), args.dtype,
-                        str(args.quantize)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(out), args.dtype, str(args.quantize)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         sys.exit(r.stderr)
     m = json.loads(r.stdout.strip().splitlines()[-1])
@@ -102,15 +108,19 @@ def main():
     budget = 1.5 * largest + OVERHEAD_MIB
     print(f"source checkpoint  {size:9.1f} MiB  (float32, NVIDIA layout)")
     print(f"largest tensor     {largest:9.1f} MiB")
-    print(f"output             {sum(p.stat().st_size for p in out.glob('*.safetensors')) / 2**20:9.1f} MiB  "
-          f"({args.dtype}{f', {args.quantize}-bit' if args.quantize else ''})")
+    print(
+        f"output             {sum(p.stat().st_size for p in out.glob('*.safetensors')) / 2**20:9.1f} MiB  "
+        f"({args.dtype}{f', {args.quantize}-bit' if args.quantize else ''})"
+    )
     print(f"RSS before         {m['base_mib']:9.1f} MiB  (imports done)")
     print(f"RSS peak (VmHWM)   {m['peak_mib']:9.1f} MiB  (+{grown:.1f} MiB while converting)")
     print(f"MLX peak memory    {m['mlx_peak_mib']:9.1f} MiB")
     print(f"convert time       {m['seconds']:9.2f} s")
-    print(f"growth / largest   {grown / largest:9.2f}x  (budget 1.5x + {OVERHEAD_MIB} MiB = "
-          f"{budget:.0f} MiB: {'OK' if grown <= budget else 'OVER'}); growth / source "
-          f"{grown / size:.2f}x")
+    print(
+        f"growth / largest   {grown / largest:9.2f}x  (budget 1.5x + {OVERHEAD_MIB} MiB = "
+        f"{budget:.0f} MiB: {'OK' if grown <= budget else 'OVER'}); growth / source "
+        f"{grown / size:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ print(json.dumps({"base_mib": base, "peak_mib": rss_mib(), "mlx_peak_mib": mx.ge
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="medium")
-    ap.add_argument("--layout", default="mlx-community", choices=["mlx-community", "nvidia", "mlx-audio"])
+    ap.add_argument(
+        "--layout", default="mlx-community", choices=["mlx-community", "nvidia", "mlx-audio"]
+    )
     ap.add_argument("--dir", default=None, help="reuse/write the checkpoint here")
     args = ap.parse_args()
     from mlx_voicechat.factory import make_checkpoint
@@ -57,7 +59,9 @@ def main():
     print(f"process RSS peak   {r['peak_mib']:9.1f} MiB  (+{grown:.1f} MiB while loading)")
     print(f"MLX peak memory    {r['mlx_peak_mib']:9.1f} MiB")
     print(f"load time          {r['seconds']:9.2f} s")
-    print(f"ratio peak/size    {grown / size:9.2f}x RSS growth, {r['mlx_peak_mib'] / size:.2f}x MLX peak  (target < 1.3x)")
+    print(
+        f"ratio peak/size    {grown / size:9.2f}x RSS growth, {r['mlx_peak_mib'] / size:.2f}x MLX peak  (target < 1.3x)"
+    )
 
 
 if __name__ == "__main__":

@@ -6,18 +6,31 @@ import argparse
 import json
 import sys
 from collections import OrderedDict
-from pathlib import Path
 from typing import List, Optional
 
 NETWORKS = OrderedDict(
     [
         ("perception", ("stt_model.perception.",)),
         ("rnnt", ("stt_model.rnnt_decoder.", "stt_model.rnnt_joint.")),
-        ("llm", ("stt_model.llm.", "stt_model.embed_tokens.", "stt_model.lm_head.",
-                 "stt_model.function_head.")),
-        ("tts", ("tts_model.tts_model.", "tts_model.audio_prompt_latents.",
-                 "tts_model.codec_silence_tokens", "tts_model._control_codes",
-                 "tts_model.control_codes")),
+        (
+            "llm",
+            (
+                "stt_model.llm.",
+                "stt_model.embed_tokens.",
+                "stt_model.lm_head.",
+                "stt_model.function_head.",
+            ),
+        ),
+        (
+            "tts",
+            (
+                "tts_model.tts_model.",
+                "tts_model.audio_prompt_latents.",
+                "tts_model.codec_silence_tokens",
+                "tts_model._control_codes",
+                "tts_model.control_codes",
+            ),
+        ),
         ("codec", ("tts_model.audio_codec.",)),
     ]
 )
@@ -42,7 +55,6 @@ def checkpoint_info(path) -> dict:
     config = VoiceChatConfig.from_dict(read_config(folder))
     counts = {name: 0 for name in NETWORKS}
     dtypes = {name: set() for name in NETWORKS}
-    scales = {}
     shapes = {}
     for f in weight_files(folder):
         try:
@@ -144,7 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     mk = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint")
     mk.add_argument("dir", help="output folder (replaced if it exists)")
     mk.add_argument("--scale", default="tiny", choices=["tiny", "small", "medium", "full"])
-    mk.add_argument("--layout", default="mlx-community", choices=["mlx-community", "nvidia", "mlx-audio"])
+    mk.add_argument(
+        "--layout", default="mlx-community", choices=["mlx-community", "nvidia", "mlx-audio"]
+    )
     mk.add_argument("--quantize", type=int, choices=[4, 8], default=None)
     mk.add_argument("--group-size", type=int, default=64)
     mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -240,7 +240,9 @@ class TTSConfig(SubConfig):
     def mask_schedule(self) -> List[int]:
         """Codebooks filled by each of the ``num_iterations`` MoG iterations (zeros included)."""
         n, q = self.num_iterations, self.num_quantizers
-        masked = [math.ceil((1 - (i / n) ** self.exponent) ** (1 / self.exponent) * q) for i in range(n)]
+        masked = [
+            math.ceil((1 - (i / n) ** self.exponent) ** (1 / self.exponent) * q) for i in range(n)
+        ]
         masked.append(0)
         return [masked[i] - masked[i + 1] for i in range(n)]
 
@@ -454,7 +456,9 @@ class VoiceChatConfig:
         if "sliding_attention" in rope:
             tts_dict["rope_local_base_freq"] = rope["sliding_attention"].get("rope_theta")
         codec_dict = {
-            "sample_rate": data.get("target_sample_rate", gen_data.get("target_sample_rate", 22050)),
+            "sample_rate": data.get(
+                "target_sample_rate", gen_data.get("target_sample_rate", 22050)
+            ),
             "base_channels": codec.get("base_hidden_size", CodecConfig.base_channels),
             "channel_multipliers": codec.get("channel_mult", CodecConfig.channel_multipliers),
             "downsample_rates": codec.get("rates", CodecConfig.downsample_rates),
@@ -533,7 +537,9 @@ class VoiceChatConfig:
             "tts_config": self.tts_config.to_dict(),
             "codec_config": self.codec_config.to_dict(),
         }
-        d["audio_config"]["encoder"]["att_context_size"] = [list(self.audio_config.encoder.att_context_size)]
+        d["audio_config"]["encoder"]["att_context_size"] = [
+            list(self.audio_config.encoder.att_context_size)
+        ]
         for k in (
             "bos_token_id",
             "eos_token_id",

@@ -85,12 +85,22 @@ class _Source:
         quantized = {k[: -len(".scales")] for k in self.where if k.endswith(".scales")}
         if quantized and not quantization:
             raise CheckpointError("the weights are quantized but config.json has no quantization")
-        default = {k: quantization.get(k, d) for k, d in (("group_size", 64), ("bits", 4), ("mode", "affine"))}
+        default = {
+            k: quantization.get(k, d)
+            for k, d in (("group_size", 64), ("bits", 4), ("mode", "affine"))
+        }
         units, seen = [], set()
         for m in sorted(quantized):
-            keys = tuple(k for k in (f"{m}.weight", f"{m}.scales", f"{m}.biases") if k in self.where)
-            q = {**default, **(quantization.get(m) if isinstance(quantization.get(m), dict) else {})}
-            units.append(_Unit(keys, m, int(q["group_size"]), int(q["bits"]), q.get("mode", "affine")))
+            keys = tuple(
+                k for k in (f"{m}.weight", f"{m}.scales", f"{m}.biases") if k in self.where
+            )
+            q = {
+                **default,
+                **(quantization.get(m) if isinstance(quantization.get(m), dict) else {}),
+            }
+            units.append(
+                _Unit(keys, m, int(q["group_size"]), int(q["bits"]), q.get("mode", "affine"))
+            )
             seen.update(keys)
         units += [_Unit((k,)) for k in sorted(self.where) if k not in seen]
         return units
@@ -107,15 +117,26 @@ class _Source:
             return out
         m = unit.module
         w = mx.dequantize(
-            out[f"{m}.weight"], out[f"{m}.scales"], out.get(f"{m}.biases"),
-            group_size=unit.group_size, bits=unit.bits, mode=unit.mode,
+            out[f"{m}.weight"],
+            out[f"{m}.scales"],
+            out.get(f"{m}.biases"),
+            group_size=unit.group_size,
+            bits=unit.bits,
+            mode=unit.mode,
         )
         return {f"{m}.weight": w}
 
 
 class _Converter:
-    def __init__(self, source: _Source, config: VoiceChatConfig, model: nn.Module, dtype,
-                 quant: Dict, layout: str):
+    def __init__(
+        self,
+        source: _Source,
+        config: VoiceChatConfig,
+        model: nn.Module,
+        dtype,
+        quant: Dict,
+        layout: str,
+    ):
         self.source, self.config, self.dtype, self.layout = source, config, dtype, layout
         self.shapes = rules.expected_shapes(model)
         self.conv_t = rules.conv_transpose_keys(model)
@@ -127,7 +148,9 @@ class _Converter:
         """Source unit -> output tensors (NeMo names, PyTorch layouts, target dtype)."""
         tensors = self.source.read(unit, consume)
         if self.layout == "mlx-audio":  # MLX layouts and our names back to NeMo's
-            tensors = rules.to_torch_layout(rules.sanitize(tensors, self.shapes, self.conv_t), self.conv_t)
+            tensors = rules.to_torch_layout(
+                rules.sanitize(tensors, self.shapes, self.conv_t), self.conv_t
+            )
         out = {}
         for k, v in tensors.items():
             if mx.issubdtype(v.dtype, mx.floating) and not any(p in k for p in KEEP_FLOAT32):
@@ -269,7 +292,11 @@ def convert(
         )
 
     model = Model(config)  # parameters stay unevaluated: only shapes and module types are read
-    quant = quantization_map(model, quantize, group_size, quantize_tts) if (quantize or quantize_tts) else {}
+    quant = (
+        quantization_map(model, quantize, group_size, quantize_tts)
+        if (quantize or quantize_tts)
+        else {}
+    )
     src = _Source(folder, config)
     conv = _Converter(src, config, model, DTYPES[dtype], quant, config.layout)
     conv.validate()
@@ -287,10 +314,20 @@ def convert(
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=sum(s.nbytes for s in specs), unit="B", unit_scale=True,
-                       unit_divisor=1024, desc="convert")
-        write_shards(tmp, specs, conv.fetch, max_shard_bytes,
-                     on_tensor=(lambda s: bar.update(s.nbytes)) if bar else None)
+            bar = tqdm(
+                total=sum(s.nbytes for s in specs),
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc="convert",
+            )
+        write_shards(
+            tmp,
+            specs,
+            conv.fetch,
+            max_shard_bytes,
+            on_tensor=(lambda s: bar.update(s.nbytes)) if bar else None,
+        )
         try:
             _copy_tokenizer(tok_dir, tmp)
             write_rnnt_tokenizer(tmp, vocabulary, folder)
@@ -330,8 +367,9 @@ def _get_module(root: nn.Module, path: str):
     return node
 
 
-def tts_agreement(output, source, *, seed: int = 0,
-                  seconds: float = SEED_AUDIO_SECONDS) -> Tuple[float, int]:
+def tts_agreement(
+    output, source, *, seed: int = 0, seconds: float = SEED_AUDIO_SECONDS
+) -> Tuple[float, int]:
     """Fraction of speech codes the converted model (8-bit TTS) shares with the same model whose
     TTS matrices are the source's float weights, on a fixed synthetic input and seed; returns
     (fraction, number of codes compared)."""
@@ -344,8 +382,11 @@ def tts_agreement(output, source, *, seed: int = 0,
     tts = [k for k in listed_modules(quantized.config.quantization) if k.startswith("tts_model.")]
     folder = resolve_path(source)
     src = _Source(folder, VoiceChatConfig.from_dict(read_config(folder)))
-    by_module = {u.module or u.keys[0][: -len(".weight")]: u for u in src.units
-                 if u.module or u.keys[0].endswith(".weight")}
+    by_module = {
+        u.module or u.keys[0][: -len(".weight")]: u
+        for u in src.units
+        if u.module or u.keys[0].endswith(".weight")
+    }
     for path in tts:
         old = _get_module(reference, path)
         w = src.read(by_module[path])[f"{path}.weight"].astype(old.scales.dtype)
@@ -357,7 +398,9 @@ def tts_agreement(output, source, *, seed: int = 0,
     rng = np.random.default_rng(seed)
     rate = quantized.config.input_sample_rate
     t = np.arange(int(seconds * rate)) / rate
-    wave = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    wave = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
     a = quantized.generate(wave, extra_decoding_seconds=0.0, seed=seed)
     b = reference.generate(wave, extra_decoding_seconds=0.0, seed=seed)
     same = float(np.mean(a.codes == b.codes))
@@ -375,15 +418,28 @@ def add_convert_parser(subparsers):
         "to the mlx-community layout, streaming one tensor at a time.",
     )
     p.add_argument("--source", required=True, help="source checkpoint folder or hub id")
-    p.add_argument("--tokenizer", default=None,
-                   help="folder or hub id with tokenizer.json (NVIDIA's release has none)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="folder or hub id with tokenizer.json (NVIDIA's release has none)",
+    )
     p.add_argument("--output", required=True, help="output folder (must not exist)")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument("--quantize", type=int, choices=[4, 8], default=None,
-                   help="quantize the LLM, embedding and heads to this many bits")
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=[4, 8],
+        default=None,
+        help="quantize the LLM, embedding and heads to this many bits",
+    )
     p.add_argument("--group-size", type=int, default=64, choices=[32, 64, 128])
-    p.add_argument("--quantize-tts", type=int, choices=[8], default=None,
-                   help="also quantize the TTS backbone and MoG head (8 bits)")
+    p.add_argument(
+        "--quantize-tts",
+        type=int,
+        choices=[8],
+        default=None,
+        help="also quantize the TTS backbone and MoG head (8 bits)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_convert)
     return p
@@ -391,8 +447,13 @@ def add_convert_parser(subparsers):
 
 def run_convert(args) -> int:
     out = convert(
-        args.source, args.output, tokenizer=args.tokenizer, dtype=args.dtype,
-        quantize=args.quantize, group_size=args.group_size, quantize_tts=args.quantize_tts,
+        args.source,
+        args.output,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        group_size=args.group_size,
+        quantize_tts=args.quantize_tts,
         progress=not args.quiet,
     )
     q = json.loads((out / "config.json").read_text()).get("quantization") or {}
@@ -400,6 +461,8 @@ def run_convert(args) -> int:
     print(f"wrote {out} ({args.dtype}" + (f", {n} quantized modules" if n else "") + ")")
     if args.quantize_tts:
         same, total = tts_agreement(out, args.source)
-        print(f"8-bit TTS picks the same speech codes as the unquantized TTS for {same:.1%} of "
-              f"{total} codes (fixed {SEED_AUDIO_SECONDS} s input, seed 0)")
+        print(
+            f"8-bit TTS picks the same speech codes as the unquantized TTS for {same:.1%} of "
+            f"{total} codes (fixed {SEED_AUDIO_SECONDS} s input, seed 0)"
+        )
     return 0

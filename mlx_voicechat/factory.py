@@ -49,50 +49,116 @@ _CORPUS = (
 
 def _scale_presets() -> Dict[str, Dict[str, Any]]:
     tiny_text = {
-        "vocab_size": 400, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16,
-        "ssm_state_size": 16, "n_groups": 2, "hybrid_override_pattern": "M-M*-M",
+        "vocab_size": 400,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "n_groups": 2,
+        "hybrid_override_pattern": "M-M*-M",
         "max_position_embeddings": 4096,
     }
     medium_pattern = NEMOTRON_NANO_9B_V2["hybrid_override_pattern"]
     return {
         "tiny": {
             "text": tiny_text,
-            "encoder": {"n_layers": 2, "d_model": 48, "n_heads": 4, "subsampling_conv_channels": 32},
+            "encoder": {
+                "n_layers": 2,
+                "d_model": 48,
+                "n_heads": 4,
+                "subsampling_conv_channels": 32,
+            },
             "rnnt": {"vocab": 40, "pred_hidden": 32, "joint_hidden": 40},
-            "tts": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
-                    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16,
-                    "sliding_window": 16, "query_pre_attn_scalar": 64, "latent_size": 32,
-                    "codebook_size": 64},
+            "tts": {
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "head_dim": 16,
+                "sliding_window": 16,
+                "query_pre_attn_scalar": 64,
+                "latent_size": 32,
+                "codebook_size": 64,
+            },
             "mog": {"intermediate_size": 128, "low_rank": 8, "num_predictions": 32},
             "codec": {"base_channels": 16, "latent_dim": 32, "codebook_size": 64},
         },
         "small": {
-            "text": {**tiny_text, "vocab_size": 32768, "hidden_size": 256, "intermediate_size": 512,
-                     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
-                     "mamba_num_heads": 16, "mamba_head_dim": 32, "ssm_state_size": 32,
-                     "hybrid_override_pattern": "M-M-M*-M-M-M*-M-"},
-            "encoder": {"n_layers": 6, "d_model": 128, "n_heads": 4, "subsampling_conv_channels": 64},
+            "text": {
+                **tiny_text,
+                "vocab_size": 32768,
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "mamba_num_heads": 16,
+                "mamba_head_dim": 32,
+                "ssm_state_size": 32,
+                "hybrid_override_pattern": "M-M-M*-M-M-M*-M-",
+            },
+            "encoder": {
+                "n_layers": 6,
+                "d_model": 128,
+                "n_heads": 4,
+                "subsampling_conv_channels": 64,
+            },
             "rnnt": {"vocab": 256, "pred_hidden": 128, "joint_hidden": 128},
-            "tts": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
-                    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
-                    "sliding_window": 7500, "query_pre_attn_scalar": 256, "latent_size": 64,
-                    "codebook_size": 1024},
+            "tts": {
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "head_dim": 32,
+                "sliding_window": 7500,
+                "query_pre_attn_scalar": 256,
+                "latent_size": 64,
+                "codebook_size": 1024,
+            },
             "mog": {"intermediate_size": 256, "low_rank": 16, "num_predictions": 256},
             "codec": {"base_channels": 32, "latent_dim": 64, "codebook_size": 1024},
         },
         "medium": {
-            "text": {**tiny_text, "vocab_size": 131072, "hidden_size": 256,
-                     "intermediate_size": 896, "num_attention_heads": 8, "num_key_value_heads": 2,
-                     "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 64,
-                     "ssm_state_size": 32, "n_groups": 8, "hybrid_override_pattern": medium_pattern,
-                     "max_position_embeddings": 131072},
-            "encoder": {"n_layers": 24, "d_model": 128, "n_heads": 8, "subsampling_conv_channels": 64},
+            "text": {
+                **tiny_text,
+                "vocab_size": 131072,
+                "hidden_size": 256,
+                "intermediate_size": 896,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "mamba_num_heads": 8,
+                "mamba_head_dim": 64,
+                "ssm_state_size": 32,
+                "n_groups": 8,
+                "hybrid_override_pattern": medium_pattern,
+                "max_position_embeddings": 131072,
+            },
+            "encoder": {
+                "n_layers": 24,
+                "d_model": 128,
+                "n_heads": 8,
+                "subsampling_conv_channels": 64,
+            },
             "rnnt": {"vocab": 1024, "pred_hidden": 128, "joint_hidden": 128},
-            "tts": {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 28,
-                    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
-                    "sliding_window": 7500, "query_pre_attn_scalar": 256, "latent_size": 128,
-                    "codebook_size": 1024},
+            "tts": {
+                "hidden_size": 128,
+                "intermediate_size": 512,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "head_dim": 32,
+                "sliding_window": 7500,
+                "query_pre_attn_scalar": 256,
+                "latent_size": 128,
+                "codebook_size": 1024,
+            },
             "mog": {"intermediate_size": 512, "low_rank": 16, "num_predictions": 1024},
             "codec": {"base_channels": 32, "latent_dim": 128, "codebook_size": 1024},
         },
@@ -119,18 +185,27 @@ def scale_config(scale: str = "tiny") -> VoiceChatConfig:
         "text_config": text,
         "audio_config": {
             "encoder": enc,
-            "decoder": {"pred_hidden": rnnt["pred_hidden"], "pred_rnn_layers": 2,
-                        "vocab_size": rnnt["vocab"]},
-            "joint": {"encoder_hidden": enc["d_model"], "pred_hidden": rnnt["pred_hidden"],
-                      "joint_hidden": rnnt["joint_hidden"], "num_classes": rnnt["vocab"]},
+            "decoder": {
+                "pred_hidden": rnnt["pred_hidden"],
+                "pred_rnn_layers": 2,
+                "vocab_size": rnnt["vocab"],
+            },
+            "joint": {
+                "encoder_hidden": enc["d_model"],
+                "pred_hidden": rnnt["pred_hidden"],
+                "joint_hidden": rnnt["joint_hidden"],
+                "num_classes": rnnt["vocab"],
+            },
             "output_dim": text["hidden_size"],
         },
         "tts_config": {
             **tts,
             "character_encoder": {
-                "hidden_size": tts["hidden_size"], "intermediate_size": tts["intermediate_size"],
+                "hidden_size": tts["hidden_size"],
+                "intermediate_size": tts["intermediate_size"],
                 "num_attention_heads": tts["num_attention_heads"],
-                "num_key_value_heads": tts["num_key_value_heads"], "head_dim": tts["head_dim"],
+                "num_key_value_heads": tts["num_key_value_heads"],
+                "head_dim": tts["head_dim"],
                 "query_pre_attn_scalar": tts["query_pre_attn_scalar"],
             },
             "mog_head": mog,
@@ -225,7 +300,14 @@ def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: i
         elif len(shape) <= 1:
             out[name] = 0.05 * mx.random.normal(shape, key=k)
         else:
-            fan_in = math.prod(shape[1:]) if "embed" not in name and "rvq" not in name and "mus_list" not in name and "latents" not in name else 1
+            fan_in = (
+                math.prod(shape[1:])
+                if "embed" not in name
+                and "rvq" not in name
+                and "mus_list" not in name
+                and "latents" not in name
+                else 1
+            )
             out[name] = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
         out[name] = out[name].astype(p.dtype)
     return out
@@ -264,7 +346,9 @@ def _slaney_mel(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
         f = np.asarray(f, dtype=np.float64)
         mels = f / (200.0 / 3)
         log_t = f >= 1000.0
-        return np.where(log_t, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mels)
+        return np.where(
+            log_t, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mels
+        )
 
     def mel_to_hz(m):
         m = np.asarray(m, dtype=np.float64)
@@ -293,11 +377,16 @@ def nemo_config(config: VoiceChatConfig) -> Dict[str, Any]:
     enc["att_context_size"] = [list(a.encoder.att_context_size)]
     enc["_target_"] = "nemo.collections.asr.modules.ConformerEncoder"
     backbone = {
-        "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": t.num_hidden_layers, "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads, "head_dim": t.head_dim,
-        "rms_norm_eps": t.rms_norm_eps, "query_pre_attn_scalar": t.query_pre_attn_scalar,
-        "sliding_window": t.sliding_window, "sliding_window_pattern": t.sliding_window_pattern,
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": t.num_hidden_layers,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "rms_norm_eps": t.rms_norm_eps,
+        "query_pre_attn_scalar": t.query_pre_attn_scalar,
+        "sliding_window": t.sliding_window,
+        "sliding_window_pattern": t.sliding_window_pattern,
         "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": t.rope_global_base_freq},
             "sliding_attention": {"rope_type": "default", "rope_theta": t.rope_local_base_freq},
@@ -305,56 +394,84 @@ def nemo_config(config: VoiceChatConfig) -> Dict[str, Any]:
     }
     ch = t.character_encoder
     cas = {
-        "hidden_size": ch.hidden_size, "intermediate_size": ch.intermediate_size,
-        "num_hidden_layers": ch.num_hidden_layers, "num_attention_heads": ch.num_attention_heads,
-        "num_key_value_heads": ch.num_key_value_heads, "head_dim": ch.head_dim,
-        "rms_norm_eps": ch.rms_norm_eps, "query_pre_attn_scalar": ch.query_pre_attn_scalar,
+        "hidden_size": ch.hidden_size,
+        "intermediate_size": ch.intermediate_size,
+        "num_hidden_layers": ch.num_hidden_layers,
+        "num_attention_heads": ch.num_attention_heads,
+        "num_key_value_heads": ch.num_key_value_heads,
+        "head_dim": ch.head_dim,
+        "rms_norm_eps": ch.rms_norm_eps,
+        "query_pre_attn_scalar": ch.query_pre_attn_scalar,
         "attn_logit_softcapping": ch.attn_logit_softcapping,
         "rope_parameters": {"rope_type": "default", "rope_theta": ch.rope_base},
     }
     tts_flags = {
         k: getattr(t, k)
-        for k in ("latent_size", "num_quantizers", "codebook_size", "exponent",
-                  "num_delay_speech_tokens", "use_subword_flag_emb", "use_bos_eos_emb",
-                  "use_gated_fusion_for_text_audio", "use_audio_prompt_frozen_projection")
+        for k in (
+            "latent_size",
+            "num_quantizers",
+            "codebook_size",
+            "exponent",
+            "num_delay_speech_tokens",
+            "use_subword_flag_emb",
+            "use_bos_eos_emb",
+            "use_gated_fusion_for_text_audio",
+            "use_audio_prompt_frozen_projection",
+        )
     }
-    pre = {"_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-           **a.preprocessor.to_dict()}
+    pre = {
+        "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
+        **a.preprocessor.to_dict(),
+    }
     vocab = list(config.rnnt_vocabulary)
     return {
-        "data": {"source_sample_rate": config.input_sample_rate,
-                 "target_sample_rate": config.output_sample_rate,
-                 "frame_length": config.frame_duration},
+        "data": {
+            "source_sample_rate": config.input_sample_rate,
+            "target_sample_rate": config.output_sample_rate,
+            "frame_length": config.frame_duration,
+        },
         "exp_manager": {},
         "model": {
-            "stt": {"model": {
-                "pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
-                "perception": {"preprocessor": pre, "encoder": enc, "output_dim": a.output_dim},
-                "use_function_head": True,
-                "duplex_function_channel_weight": config.function_channel_weight,
-            }},
+            "stt": {
+                "model": {
+                    "pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+                    "perception": {"preprocessor": pre, "encoder": enc, "output_dim": a.output_dim},
+                    "use_function_head": True,
+                    "duplex_function_channel_weight": config.function_channel_weight,
+                }
+            },
             "speech_generation": {
-                "data": {"target_sample_rate": config.output_sample_rate,
-                         "source_sample_rate": config.input_sample_rate,
-                         "frame_length": config.frame_duration,
-                         "audio_prompt_duration": t.audio_prompt_duration},
+                "data": {
+                    "target_sample_rate": config.output_sample_rate,
+                    "source_sample_rate": config.input_sample_rate,
+                    "frame_length": config.frame_duration,
+                    "audio_prompt_duration": t.audio_prompt_duration,
+                },
                 "model": {
                     "inference_guidance_scale": t.guidance_scale,
                     "inference_top_p_or_k": t.top_p,
                     "inference_noise_scale": t.noise_scale,
                     "tts_config": {
-                        "backbone_type": "gemma3_text", "backbone_config": backbone,
+                        "backbone_type": "gemma3_text",
+                        "backbone_config": backbone,
                         **tts_flags,
-                        "cas_config": {"backbone_type": "t5gemma",
-                                       "backbone_config": {"encoder": cas}},
+                        "cas_config": {
+                            "backbone_type": "t5gemma",
+                            "backbone_config": {"encoder": cas},
+                        },
                         "mog_head_config": t.mog_head.to_dict(),
                     },
                     "codec_config": {
-                        "latent_size": c.latent_dim, "n_fft": c.n_fft, "hop_length": c.hop_length,
+                        "latent_size": c.latent_dim,
+                        "n_fft": c.n_fft,
+                        "hop_length": c.hop_length,
                         "base_hidden_size": c.base_channels,
-                        "channel_mult": list(c.channel_multipliers), "rates": list(c.downsample_rates),
-                        "num_blocks": c.blocks_per_stage, "kernel_size": c.block_kernel_size,
-                        "codebook_size": c.codebook_size, "num_quantizers": c.num_quantizers,
+                        "channel_mult": list(c.channel_multipliers),
+                        "rates": list(c.downsample_rates),
+                        "num_blocks": c.blocks_per_stage,
+                        "kernel_size": c.block_kernel_size,
+                        "codebook_size": c.codebook_size,
+                        "num_quantizers": c.num_quantizers,
                         "wav_to_token_ratio": c.samples_per_frame,
                     },
                 },
@@ -363,15 +480,24 @@ def nemo_config(config: VoiceChatConfig) -> Dict[str, Any]:
         },
         "trainer": {},
         "_rnnt_merge_info": {
-            "decoder_config": {"prednet": {"pred_hidden": a.decoder.pred_hidden,
-                                           "pred_rnn_layers": a.decoder.pred_rnn_layers},
-                               "vocab_size": a.decoder.vocab_size,
-                               "blank_as_pad": a.decoder.blank_as_pad},
-            "joint_config": {"jointnet": {"joint_hidden": a.joint.joint_hidden,
-                                          "activation": a.joint.activation,
-                                          "encoder_hidden": a.joint.encoder_hidden,
-                                          "pred_hidden": a.joint.pred_hidden},
-                             "num_classes": a.joint.num_classes, "vocabulary": vocab},
+            "decoder_config": {
+                "prednet": {
+                    "pred_hidden": a.decoder.pred_hidden,
+                    "pred_rnn_layers": a.decoder.pred_rnn_layers,
+                },
+                "vocab_size": a.decoder.vocab_size,
+                "blank_as_pad": a.decoder.blank_as_pad,
+            },
+            "joint_config": {
+                "jointnet": {
+                    "joint_hidden": a.joint.joint_hidden,
+                    "activation": a.joint.activation,
+                    "encoder_hidden": a.joint.encoder_hidden,
+                    "pred_hidden": a.joint.pred_hidden,
+                },
+                "num_classes": a.joint.num_classes,
+                "vocabulary": vocab,
+            },
             "rnnt_vocab_size": len(vocab),
         },
         "text_config": {k: v for k, v in config.text_config.items()},
@@ -424,8 +550,9 @@ def make_checkpoint(
         model.load_weights(list(weights.items()), strict=True)
         quant_map = quantization_map(model, quantize, group_size)
         listed = set(listed_modules(quant_map))
-        nn.quantize(model, group_size=group_size, bits=quantize,
-                    class_predicate=lambda p, m: p in listed)
+        nn.quantize(
+            model, group_size=group_size, bits=quantize, class_predicate=lambda p, m: p in listed
+        )
         weights = dict(tree_flatten(model.parameters()))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -441,14 +568,20 @@ def make_checkpoint(
             torch_w = to_torch_layout(weights, conv_transpose_keys(model))
             h = config.tts_config.hidden_size
             k = mx.random.key(seed + 1)
-            torch_w["tts_model.tts_model.audio_prompt_projection_W"] = mx.random.normal((h, h), key=k)
+            torch_w["tts_model.tts_model.audio_prompt_projection_W"] = mx.random.normal(
+                (h, h), key=k
+            )
             save_safetensors(tmp / "model.safetensors", torch_w, {"format": "pt"})
         else:
             nested = nemo_config(config)
             nested["model_type"] = "nemotron_voicechat"
             nested["mlx_audio"] = {"llm_config": dict(config.text_config), "prepared_weights": True}
             if quant_map:
-                nested["quantization"] = {"group_size": group_size, "bits": quantize, "mode": "affine"}
+                nested["quantization"] = {
+                    "group_size": group_size,
+                    "bits": quantize,
+                    "mode": "affine",
+                }
             write_json(tmp / "config.json", nested)
             save_safetensors(tmp / "model.safetensors", weights)
         if with_tokenizer:

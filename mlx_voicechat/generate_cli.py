@@ -21,8 +21,12 @@ def add_generate_parser(subparsers):
     p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
     p.add_argument("--output-audio", required=True, help="reply WAV (22050 Hz mono PCM16)")
     p.add_argument("-p", "--system-prompt", default="", help="system prompt (empty: none)")
-    p.add_argument("--extra-decoding-seconds", type=float, default=3.0,
-                   help="seconds of silence appended so the model can finish (default 3)")
+    p.add_argument(
+        "--extra-decoding-seconds",
+        type=float,
+        default=3.0,
+        help="seconds of silence appended so the model can finish (default 3)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
@@ -66,8 +70,10 @@ def run_generate(args) -> int:
     progress = _Progress(not args.quiet)
     try:
         result = model.generate(
-            samples, system_prompt=args.system_prompt or None,
-            extra_decoding_seconds=args.extra_decoding_seconds, seed=args.seed,
+            samples,
+            system_prompt=args.system_prompt or None,
+            extra_decoding_seconds=args.extra_decoding_seconds,
+            seed=args.seed,
             progress=progress,
         )
     finally:

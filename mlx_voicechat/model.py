@@ -7,7 +7,7 @@ layout; :mod:`mlx_voicechat.sanitize` maps NeMo / PyTorch layouts onto them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -81,9 +81,7 @@ class Model(nn.Module):
         It also remembers which keys the checkpoint provided, so that ``post_load_hook`` can
         tell a non-strict loader's silently missing tensors from loaded ones.
         """
-        out = rules.sanitize(
-            weights, rules.expected_shapes(self), rules.conv_transpose_keys(self)
-        )
+        out = rules.sanitize(weights, rules.expected_shapes(self), rules.conv_transpose_keys(self))
         self._checkpoint_keys = frozenset(out)
         return out
 

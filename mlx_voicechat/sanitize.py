@@ -23,12 +23,17 @@ TRAINING_ONLY = (re.compile(r"(^|\.)audio_prompt_projection_W$"),)
 RENAMES = (
     # MLX modules do not hold `_`-prefixed attributes as parameters.
     (re.compile(r"^(.*)\._control_codes$"), r"\1.control_codes"),
-    (re.compile(r"^((?:.*\.)?prvq)\._variance_list\.(\d+)\.variance$"), r"\1.variance_list.\2.variance"),
+    (
+        re.compile(r"^((?:.*\.)?prvq)\._variance_list\.(\d+)\.variance$"),
+        r"\1.variance_list.\2.variance",
+    ),
     # NeMo's RNNTJoint without dropout numbers its last Linear 1, with dropout 2 (the release).
     (re.compile(r"^(.*joint_net)\.1\.(weight|bias)$"), r"\1.2.\2"),
 )
 
-_LSTM = re.compile(r"^(?P<prefix>.*\.lstm)\.(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh)_l(?P<layer>\d+)$")
+_LSTM = re.compile(
+    r"^(?P<prefix>.*\.lstm)\.(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh)_l(?P<layer>\d+)$"
+)
 
 
 def expected_shapes(model) -> Dict[str, Tuple[int, ...]]:

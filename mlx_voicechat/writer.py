@@ -28,9 +28,19 @@ SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 HEADER_ALIGN = 8  # bytes; safetensors pads its JSON header to this
 
 _ST_DTYPES = {
-    mx.bool_: "BOOL", mx.uint8: "U8", mx.int8: "I8", mx.uint16: "U16", mx.int16: "I16",
-    mx.uint32: "U32", mx.int32: "I32", mx.uint64: "U64", mx.int64: "I64",
-    mx.float16: "F16", mx.bfloat16: "BF16", mx.float32: "F32", mx.float64: "F64",
+    mx.bool_: "BOOL",
+    mx.uint8: "U8",
+    mx.int8: "I8",
+    mx.uint16: "U16",
+    mx.int16: "I16",
+    mx.uint32: "U32",
+    mx.int32: "I32",
+    mx.uint64: "U64",
+    mx.int64: "I64",
+    mx.float16: "F16",
+    mx.bfloat16: "BF16",
+    mx.float32: "F32",
+    mx.float64: "F64",
 }
 
 # The LLM matrices mlx-community quantizes (besides the embedding and both heads).
@@ -65,7 +75,9 @@ def quantization_map(
         if not isinstance(m, (nn.Linear, nn.Embedding)) or m.weight.shape[-1] % group_size:
             continue
         chosen = None
-        if bits and (name in _LLM_HEADS or (name.startswith("stt_model.llm.") and ".mixer." in name)):
+        if bits and (
+            name in _LLM_HEADS or (name.startswith("stt_model.llm.") and ".mixer." in name)
+        ):
             chosen = bits
         elif tts_bits and name.startswith(_TTS_PREFIXES) and name not in _TTS_FLOAT:
             chosen = tts_bits
@@ -81,36 +93,90 @@ def listed_modules(quantization: Optional[Mapping[str, Any]]) -> List[str]:
 # --- config -----------------------------------------------------------------------------
 
 _TEXT_KEYS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "max_position_embeddings", "num_attention_heads", "num_key_value_heads", "attention_bias",
-    "mamba_num_heads", "mamba_head_dim", "mamba_proj_bias", "ssm_state_size", "conv_kernel",
-    "n_groups", "mlp_bias", "layer_norm_epsilon", "use_bias", "use_conv_bias",
-    "hybrid_override_pattern", "head_dim", "time_step_limit",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "attention_bias",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_proj_bias",
+    "ssm_state_size",
+    "conv_kernel",
+    "n_groups",
+    "mlp_bias",
+    "layer_norm_epsilon",
+    "use_bias",
+    "use_conv_bias",
+    "hybrid_override_pattern",
+    "head_dim",
+    "time_step_limit",
 )
 _TTS_KEYS = (
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "sliding_window", "latent_size", "num_quantizers",
-    "codebook_size", "num_delay_speech_tokens", "exponent", "disable_eos_prediction",
-    "use_gated_fusion_for_text_audio", "use_subword_flag_emb", "use_bos_eos_emb",
-    "use_audio_prompt_frozen_projection", "character_encoder", "mog_head", "guidance_scale",
-    "top_p", "noise_scale", "audio_prompt_duration",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "sliding_window",
+    "latent_size",
+    "num_quantizers",
+    "codebook_size",
+    "num_delay_speech_tokens",
+    "exponent",
+    "disable_eos_prediction",
+    "use_gated_fusion_for_text_audio",
+    "use_subword_flag_emb",
+    "use_bos_eos_emb",
+    "use_audio_prompt_frozen_projection",
+    "character_encoder",
+    "mog_head",
+    "guidance_scale",
+    "top_p",
+    "noise_scale",
+    "audio_prompt_duration",
 )
 _CHAR_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "rms_norm_eps", "query_pre_attn_scalar",
-    "attn_logit_softcapping", "rope_parameters",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "query_pre_attn_scalar",
+    "attn_logit_softcapping",
+    "rope_parameters",
 )
 _TOP_KEYS = (
-    "bos_token_id", "eos_token_id", "pad_token_id", "silence_token_id", "rnnt_blank_id",
-    "input_sample_rate", "output_sample_rate", "frame_duration", "function_channel_weight",
-    "speaker", "rnnt_vocabulary",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "silence_token_id",
+    "rnnt_blank_id",
+    "input_sample_rate",
+    "output_sample_rate",
+    "frame_duration",
+    "function_channel_weight",
+    "speaker",
+    "rnnt_vocabulary",
 )
 
 
 def _text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
     args = text_args(dict(text))
-    base = {**text, "model_type": "nemotron_h", "num_hidden_layers": args.num_hidden_layers,
-            "use_bias": args.use_bias}
+    base = {
+        **text,
+        "model_type": "nemotron_h",
+        "num_hidden_layers": args.num_hidden_layers,
+        "use_bias": args.use_bias,
+    }
     out = {k: base[k] for k in _TEXT_KEYS if k in base}
     limit = out.pop("time_step_limit", None)
     # mlx-vlm writes no non-standard JSON (Infinity); an absent limit reads as unbounded.
@@ -152,10 +218,14 @@ def audio_sections(raw: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
     out = {
         "preprocessor": dict(perception.get("preprocessor") or {}),
         "encoder": dict(perception.get("encoder") or {}),
-        "decoder": {**(dec.get("prednet") or {}),
-                    **{k: dec[k] for k in ("vocab_size", "blank_as_pad") if k in dec}},
-        "joint": {**(joint.get("jointnet") or {}),
-                  **{k: joint[k] for k in ("num_classes",) if k in joint}},
+        "decoder": {
+            **(dec.get("prednet") or {}),
+            **{k: dec[k] for k in ("vocab_size", "blank_as_pad") if k in dec},
+        },
+        "joint": {
+            **(joint.get("jointnet") or {}),
+            **{k: joint[k] for k in ("num_classes",) if k in joint},
+        },
     }
     for section in out.values():
         section.pop("_target_", None)
@@ -173,7 +243,10 @@ def flat_config(
     audio = full["audio_config"]
     for name, extra in (audio_sections(source) if source else {}).items():
         if isinstance(audio.get(name), dict):
-            audio[name] = {**{k: v for k, v in extra.items() if k not in audio[name]}, **audio[name]}
+            audio[name] = {
+                **{k: v for k, v in extra.items() if k not in audio[name]},
+                **audio[name],
+            }
     tts_full = full["tts_config"]
     ch = config.tts_config.character_encoder
     char = {k: v for k, v in tts_full["character_encoder"].items() if k in _CHAR_KEYS}
@@ -214,7 +287,9 @@ def write_json(path: Path, obj) -> None:
         f.write("\n")
 
 
-def write_rnnt_tokenizer(folder: Path, vocabulary: Sequence[str], source: Optional[Path] = None) -> None:
+def write_rnnt_tokenizer(
+    folder: Path, vocabulary: Sequence[str], source: Optional[Path] = None
+) -> None:
     """``rnnt_tokenizer/``: the source's files when it has them, else ``vocab.json`` (a JSON list,
     index = token id) and NeMo's tokenizer cfg."""
     out = Path(folder) / "rnnt_tokenizer"
@@ -246,7 +321,9 @@ class TensorSpec:
         return n
 
 
-def plan_shards(specs: Iterable[TensorSpec], max_shard_bytes: int = MAX_SHARD_BYTES) -> List[List[TensorSpec]]:
+def plan_shards(
+    specs: Iterable[TensorSpec], max_shard_bytes: int = MAX_SHARD_BYTES
+) -> List[List[TensorSpec]]:
     """Specs in name order, packed greedily into shards of at most ``max_shard_bytes`` (a
     tensor larger than the limit gets a shard of its own)."""
     shards: List[List[TensorSpec]] = [[]]
@@ -265,9 +342,14 @@ def _header(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> bytes:
     offset = 0
     for s in specs:
         if s.dtype not in _ST_DTYPES:
-            raise WriteError(f"tensor '{s.name}' has dtype {s.dtype}, which safetensors cannot store")
-        h[s.name] = {"dtype": _ST_DTYPES[s.dtype], "shape": list(s.shape),
-                     "data_offsets": [offset, offset + s.nbytes]}
+            raise WriteError(
+                f"tensor '{s.name}' has dtype {s.dtype}, which safetensors cannot store"
+            )
+        h[s.name] = {
+            "dtype": _ST_DTYPES[s.dtype],
+            "shape": list(s.shape),
+            "data_offsets": [offset, offset + s.nbytes],
+        }
         offset += s.nbytes
     raw = json.dumps(h, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % HEADER_ALIGN)
@@ -277,8 +359,10 @@ def _header(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> bytes:
 def write_tensor(f, spec: TensorSpec, array: mx.array) -> None:
     """Append one evaluated tensor's bytes (row-major) to an open shard file."""
     if array.dtype != spec.dtype or tuple(array.shape) != spec.shape:
-        raise AssertionError(f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, got "
-                             f"{array.dtype}{list(array.shape)}")
+        raise AssertionError(
+            f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, got "
+            f"{array.dtype}{list(array.shape)}"
+        )
     array = mx.contiguous(array)
     mx.eval(array)
     f.write(memoryview(array))
@@ -314,13 +398,17 @@ def write_shards(
             weight_map[spec.name] = name
             total += spec.nbytes
     try:
-        write_json(folder / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        write_json(
+            folder / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map}
+        )
     except OSError as e:
         raise WriteError(f"cannot write {folder / INDEX_NAME}: {e.strerror or e}") from None
     return weight_map
 
 
-def save_sharded(folder: Path, weights: Mapping[str, mx.array], max_shard_bytes: int = MAX_SHARD_BYTES) -> Dict[str, str]:
+def save_sharded(
+    folder: Path, weights: Mapping[str, mx.array], max_shard_bytes: int = MAX_SHARD_BYTES
+) -> Dict[str, str]:
     """In-memory ``weights`` written as shards + index (the factory's path)."""
     specs = [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in weights.items()]
     return write_shards(folder, specs, weights.__getitem__, max_shard_bytes)

@@ -23,7 +23,11 @@ def tiny_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     out = {}
     for layout in ("mlx-community", "nvidia", "mlx-audio"):
-        out[layout] = make_checkpoint(root / layout, "tiny", layout, seed=0, max_shard_bytes=1 << 20)
+        out[layout] = make_checkpoint(
+            root / layout, "tiny", layout, seed=0, max_shard_bytes=1 << 20
+        )
     for layout in ("mlx-community", "mlx-audio"):
-        out[layout + "-4bit"] = make_checkpoint(root / (layout + "-4bit"), "tiny", layout, quantize=4, seed=0)
+        out[layout + "-4bit"] = make_checkpoint(
+            root / (layout + "-4bit"), "tiny", layout, quantize=4, seed=0
+        )
     return out

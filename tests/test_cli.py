@@ -10,8 +10,12 @@ import soundfile as sf
 
 
 def cli(*args):
-    r = subprocess.run([sys.executable, "-m", "mlx_voicechat", *map(str, args)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlx_voicechat", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return r.returncode, r.stdout, r.stderr
 
 
@@ -36,11 +40,16 @@ def test_info_quantized(oracle_dir):
     assert out.splitlines()[-1] == out2.splitlines()[-1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["info", "/nonexistent/ckpt"], "checkpoint folder /nonexistent/ckpt does not exist"),
-    (["make-checkpoint", "/tmp/x", "--layout", "nvidia", "--quantize", "4"],
-     "NVIDIA's raw layout is float32 only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["info", "/nonexistent/ckpt"], "checkpoint folder /nonexistent/ckpt does not exist"),
+        (
+            ["make-checkpoint", "/tmp/x", "--layout", "nvidia", "--quantize", "4"],
+            "NVIDIA's raw layout is float32 only",
+        ),
+    ],
+)
 def test_errors_are_one_line_exit_2(args, message):
     rc, out, err = cli(*args)
     assert rc == 2
@@ -51,11 +60,17 @@ def test_errors_are_one_line_exit_2(args, message):
 def test_transcribe(tmp_path, tiny_checkpoints):
     wav = tmp_path / "q.wav"
     sf.write(wav, (0.1 * np.random.default_rng(0).standard_normal(24000)).astype(np.float32), 16000)
-    rc, out, err = cli("transcribe", "--model", tiny_checkpoints["mlx-community"], "--audio", wav,
-                       "--benchmark")
+    rc, out, err = cli(
+        "transcribe", "--model", tiny_checkpoints["mlx-community"], "--audio", wav, "--benchmark"
+    )
     assert rc == 0, err
     for field in ("mel:", "encoder:", "decode:", "RTF:"):
         assert field in out
-    rc, out, err = cli("transcribe", "--model", tiny_checkpoints["mlx-community"], "--audio",
-                       tmp_path / "missing.wav")
+    rc, out, err = cli(
+        "transcribe",
+        "--model",
+        tiny_checkpoints["mlx-community"],
+        "--audio",
+        tmp_path / "missing.wav",
+    )
     assert rc == 2 and "missing.wav" in err and "Traceback" not in err

@@ -9,8 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlx_voicechat import load
-from mlx_voicechat import writer
+from mlx_voicechat import load, writer
 from mlx_voicechat.cli import main
 from mlx_voicechat.convert import ConversionError, convert
 from mlx_voicechat.errors import VoiceChatError
@@ -29,8 +28,11 @@ def tensors(folder):
 
 
 def quantized_paths(model):
-    return sorted(n for n, m in model.named_modules()
-                  if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)))
+    return sorted(
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    )
 
 
 def listed(folder):
@@ -66,8 +68,15 @@ def wave(seconds=0.8, seed=1):
 @pytest.fixture(scope="module")
 def oracle_q4(tmp_path_factory):
     out = tmp_path_factory.mktemp("conv") / "q4"
-    return convert(ORACLE / "nvidia-layout", out, dtype="float32", quantize=4, group_size=64,
-                   max_shard_bytes=2_200_000, progress=False)
+    return convert(
+        ORACLE / "nvidia-layout",
+        out,
+        dtype="float32",
+        quantize=4,
+        group_size=64,
+        max_shard_bytes=2_200_000,
+        progress=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +92,10 @@ def test_factory_nvidia_converts_and_generates_the_same(tiny_checkpoints, tmp_pa
     src = tiny_checkpoints["nvidia"]
     out = convert(src, tmp_path / "out", dtype="float32", max_shard_bytes=1 << 20, progress=False)
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
-    assert len(shards) >= 3 and shards[-1] == f"model-{len(shards):05d}-of-{len(shards):05d}.safetensors"
+    assert (
+        len(shards) >= 3
+        and shards[-1] == f"model-{len(shards):05d}-of-{len(shards):05d}.safetensors"
+    )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == shards
     assert all((out / s).stat().st_size <= (1 << 20) + 64 * 1024 for s in shards[:-1])
@@ -107,8 +119,12 @@ def test_oracle_nvidia_f32_equals_mlx_vlm_output_and_replays_04(oracle_f32):
     io = dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
     model = load(oracle_f32)
     noise = ReplayNoise(io["noise_gumbel"], io["noise_randn"])
-    out = model.generate(io["wav"][0], prompt=io["prompt_tokens"][0].tolist(),
-                         extra_decoding_seconds=0.0, noise=noise)
+    out = model.generate(
+        io["wav"][0],
+        prompt=io["prompt_tokens"][0].tolist(),
+        extra_decoding_seconds=0.0,
+        noise=noise,
+    )
     assert out.text_ids == io["tokens_text"][0].tolist()
     P = io["prompt_tokens"].shape[1]
     assert np.array_equal(out.codes, io["gen_codes"][0, P:])
@@ -124,8 +140,10 @@ def test_oracle_nvidia_q4_has_mlx_vlm_structure(oracle_q4):
     assert listed(oracle_q4) == listed(ref) and len(listed(ref)) == 15
     assert file_set(oracle_q4) == file_set(ref)
     assert len(list(oracle_q4.glob("model-*.safetensors"))) == 3
-    assert json.loads((oracle_q4 / "model.safetensors.index.json").read_text())["metadata"] == \
-        json.loads((ref / "model.safetensors.index.json").read_text())["metadata"]
+    assert (
+        json.loads((oracle_q4 / "model.safetensors.index.json").read_text())["metadata"]
+        == json.loads((ref / "model.safetensors.index.json").read_text())["metadata"]
+    )
     want, got = tensors(ref), tensors(oracle_q4)
     assert got.keys() == want.keys()
     for k in want:
@@ -149,8 +167,13 @@ def test_nvidia_without_tokenizer_needs_one(tmp_path, oracle_dir):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_outputs_list_exactly_what_loading_quantizes(tiny_checkpoints, tmp_path, bits):
-    out = convert(tiny_checkpoints["mlx-community"], tmp_path / "q", quantize=bits,
-                  dtype="bfloat16", progress=False)
+    out = convert(
+        tiny_checkpoints["mlx-community"],
+        tmp_path / "q",
+        quantize=bits,
+        dtype="bfloat16",
+        progress=False,
+    )
     names = listed(out)
     cfg = json.loads((out / "config.json").read_text())["quantization"]
     assert cfg["bits"] == bits and all(cfg[k] == {"group_size": 64, "bits": bits} for k in names)
@@ -184,13 +207,29 @@ def test_requantize_mlx_community_4bit_to_8bit(tiny_checkpoints, tmp_path):
 
 def test_quantize_tts_cli_prints_code_agreement(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "tts8"
-    rc = main(["convert", "--source", str(tiny_checkpoints["nvidia"]), "--output", str(out),
-               "--quantize", "4", "--quantize-tts", "8", "--dtype", "float32", "--quiet"])
+    rc = main(
+        [
+            "convert",
+            "--source",
+            str(tiny_checkpoints["nvidia"]),
+            "--output",
+            str(out),
+            "--quantize",
+            "4",
+            "--quantize-tts",
+            "8",
+            "--dtype",
+            "float32",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     names = listed(out)
     tts = [k for k in names if k.startswith("tts_model.")]
-    assert tts and all(k.startswith(("tts_model.tts_model.backbone.", "tts_model.tts_model.mog_head."))
-                       for k in tts)
+    assert tts and all(
+        k.startswith(("tts_model.tts_model.backbone.", "tts_model.tts_model.mog_head."))
+        for k in tts
+    )
     assert "tts_model.tts_model.mog_head.proj_mus" not in names
     cfg = json.loads((out / "config.json").read_text())["quantization"]
     assert all(cfg[k]["bits"] == 8 for k in tts) and cfg["stt_model.lm_head"]["bits"] == 4
@@ -217,8 +256,10 @@ def test_mlx_audio_source_converts_to_the_same_tensors(tiny_checkpoints, tmp_pat
         assert ta[k].dtype == tb[k].dtype and mx.array_equal(ta[k], tb[k]).item(), k
     ma, mb = load(a), load(b)
     x = wave(0.5)
-    assert np.array_equal(ma.generate(x, extra_decoding_seconds=0.0, seed=1).codes,
-                          mb.generate(x, extra_decoding_seconds=0.0, seed=1).codes)
+    assert np.array_equal(
+        ma.generate(x, extra_decoding_seconds=0.0, seed=1).codes,
+        mb.generate(x, extra_decoding_seconds=0.0, seed=1).codes,
+    )
 
 
 def test_interrupt_leaves_no_output_folder(tiny_checkpoints, tmp_path, monkeypatch):
@@ -233,8 +274,9 @@ def test_interrupt_leaves_no_output_folder(tiny_checkpoints, tmp_path, monkeypat
 
     monkeypatch.setattr(writer, "write_tensor", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        convert(tiny_checkpoints["nvidia"], tmp_path / "out", max_shard_bytes=1 << 20,
-                progress=False)
+        convert(
+            tiny_checkpoints["nvidia"], tmp_path / "out", max_shard_bytes=1 << 20, progress=False
+        )
     assert len(calls) == 20
     assert list(tmp_path.iterdir()) == []
 
@@ -287,8 +329,7 @@ def _mlx_vlm_run(folder):
     # config says, so a tiny model only loads non-strictly (as its own converter's output does).
     model, processor = vlm_load(str(folder), strict=False)
     io = np.load(ORACLE / "04_voicechat_e2e_io.npz")
-    res = model.create_session(processor).generate(mx.array(io["wav"][0]), system_prompt="",
-                                                   seed=0)
+    res = model.create_session(processor).generate(mx.array(io["wav"][0]), system_prompt="", seed=0)
     return model, res
 
 
@@ -310,6 +351,9 @@ def test_mlx_vlm_loads_and_runs_like_its_own_conversion(which, oracle_f32, oracl
     assert np.array_equal(np.array(got.audio_codes), np.array(want.audio_codes))
     assert np.all(np.isfinite(np.array(got.audio)))
     if which == "q4":
-        q = sorted(n for n, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)
-                   or isinstance(m, nn.QuantizedEmbedding))
+        q = sorted(
+            n
+            for n, m in model.named_modules()
+            if isinstance(m, nn.QuantizedLinear) or isinstance(m, nn.QuantizedEmbedding)
+        )
         assert q == listed(ours)

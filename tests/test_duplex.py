@@ -30,7 +30,9 @@ def io04():
 def replay(nvidia, io04):
     noise = ReplayNoise(io04["noise_gumbel"], io04["noise_randn"])
     out = nvidia.generate(
-        io04["wav"][0], prompt=io04["prompt_tokens"][0].tolist(), extra_decoding_seconds=0.0,
+        io04["wav"][0],
+        prompt=io04["prompt_tokens"][0].tolist(),
+        extra_decoding_seconds=0.0,
         noise=noise,
     )
     return out, noise
@@ -170,9 +172,18 @@ def test_same_seed_across_processes(tiny_checkpoints, tmp_path):
     outs = []
     for name in ("p1.wav", "p2.wav"):
         res = subprocess.run(
-            [sys.executable, "-c", script, str(tiny_checkpoints["mlx-community"]),
-             str(tmp_path / "q.wav"), str(tmp_path / name)],
-            capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=300,
+            [
+                sys.executable,
+                "-c",
+                script,
+                str(tiny_checkpoints["mlx-community"]),
+                str(tmp_path / "q.wav"),
+                str(tmp_path / name),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+            timeout=300,
         )
         assert res.returncode == 0, res.stderr
         outs.append(res.stdout)

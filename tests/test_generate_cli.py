@@ -43,10 +43,29 @@ def _check_wav(path, frames=None):
 def test_mlx_voicechat_generate_subprocess(tiny_checkpoints, question, tmp_path):
     out = tmp_path / "reply.wav"
     res = subprocess.run(
-        [sys.executable, "-m", "mlx_voicechat", "generate", "--model",
-         str(tiny_checkpoints["mlx-community"]), "--audio", str(question), "--output-audio",
-         str(out), "-p", "Be brief.", "--extra-decoding-seconds", "0.5", "--seed", "1", "--quiet"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mlx_voicechat",
+            "generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(question),
+            "--output-audio",
+            str(out),
+            "-p",
+            "Be brief.",
+            "--extra-decoding-seconds",
+            "0.5",
+            "--seed",
+            "1",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("[user] ")
@@ -57,10 +76,25 @@ def test_mlx_voicechat_generate_subprocess(tiny_checkpoints, question, tmp_path)
 def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path):
     out = tmp_path / "reply.wav"
     res = subprocess.run(
-        [sys.executable, "-m", "mlx_audio.sts.generate", "--model",
-         str(tiny_checkpoints["mlx-community"]), "--audio", str(question), "--output-path",
-         str(out), "--system-prompt", "Be brief.", "--seed", "1"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mlx_audio.sts.generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(question),
+            "--output-path",
+            str(out),
+            "--system-prompt",
+            "Be brief.",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     frames = _check_wav(out)
@@ -70,9 +104,20 @@ def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path)
 
 def test_cli_in_process_prints_reply(tiny_checkpoints, question, tmp_path, capsys):
     out = tmp_path / "r.wav"
-    rc = main(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
-               str(question), "--output-audio", str(out), "--extra-decoding-seconds", "0",
-               "--quiet"])
+    rc = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(question),
+            "--output-audio",
+            str(out),
+            "--extra-decoding-seconds",
+            "0",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[user] ")
@@ -94,8 +139,18 @@ def test_unreadable_audio(tiny_checkpoints, tmp_path, capsys):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"not audio at all")
     out = tmp_path / "r.wav"
-    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
-                      str(bad), "--output-audio", str(out)], capsys)
+    err = _cli_error(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(bad),
+            "--output-audio",
+            str(out),
+        ],
+        capsys,
+    )
     assert "cannot read audio file" in err
     assert not out.exists()
 
@@ -108,11 +163,24 @@ def test_empty_audio(tiny, tmp_path):
 
 
 def test_negative_extra_decoding_seconds(tiny, tiny_checkpoints, question, tmp_path, capsys):
-    with pytest.raises(GenerationError, match="extra_decoding_seconds must be a finite number >= 0"):
+    with pytest.raises(
+        GenerationError, match="extra_decoding_seconds must be a finite number >= 0"
+    ):
         tiny.generate(str(question), extra_decoding_seconds=-1.0)
-    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
-                      str(question), "--output-audio", str(tmp_path / "r.wav"),
-                      "--extra-decoding-seconds", "-1"], capsys)
+    err = _cli_error(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(question),
+            "--output-audio",
+            str(tmp_path / "r.wav"),
+            "--extra-decoding-seconds",
+            "-1",
+        ],
+        capsys,
+    )
     assert "--extra-decoding-seconds must be >= 0" in err
 
 
@@ -125,8 +193,18 @@ def test_prompt_longer_than_context(tiny, question):
 
 def test_output_in_missing_folder(tiny_checkpoints, question, tmp_path, capsys):
     out = tmp_path / "missing" / "r.wav"
-    err = _cli_error(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
-                      str(question), "--output-audio", str(out)], capsys)
+    err = _cli_error(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoints["mlx-community"]),
+            "--audio",
+            str(question),
+            "--output-audio",
+            str(out),
+        ],
+        capsys,
+    )
     assert "does not exist" in err
     assert not out.parent.exists()
 

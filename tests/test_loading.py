@@ -18,13 +18,18 @@ LAYOUTS = ["mlx-community-f32", "mlx-community-4bit", "mlx-audio-f32", "mlx-audi
 
 
 def params(model):
-    return {k: np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v)
-            for k, v in tree_flatten(model.parameters())}
+    return {
+        k: np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v)
+        for k, v in tree_flatten(model.parameters())
+    }
 
 
 def quantized_paths(model):
-    return sorted(n for n, m in model.named_modules()
-                  if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)))
+    return sorted(
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +110,17 @@ def test_factory_4bit_quantizes_exactly_the_map(tiny_checkpoints, layout):
     model = load(folder)
     q = quantized_paths(model)
     assert "stt_model.lm_head" in q and "stt_model.embed_tokens" in q
-    assert all(k.startswith(("stt_model.llm.", "stt_model.lm_head", "stt_model.embed_tokens",
-                             "stt_model.function_head")) for k in q)
+    assert all(
+        k.startswith(
+            (
+                "stt_model.llm.",
+                "stt_model.lm_head",
+                "stt_model.embed_tokens",
+                "stt_model.function_head",
+            )
+        )
+        for k in q
+    )
     cfg = json.load(open(folder / "config.json"))
     listed = sorted(k for k, v in cfg["quantization"].items() if isinstance(v, dict))
     if listed:
@@ -175,7 +189,9 @@ def test_truncated_safetensors(tmp_path, tiny_checkpoints):
     d = _copy(tiny_checkpoints["nvidia"], tmp_path / "m")
     f = d / "model.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=r"model.safetensors is not a readable safetensors file"):
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors is not a readable safetensors file"
+    ):
         load(d)
 
 
@@ -189,14 +205,19 @@ def _rewrite(d, fn):
 def test_missing_tensor(tmp_path, tiny_checkpoints):
     d = _copy(tiny_checkpoints["nvidia"], tmp_path / "m")
     _rewrite(d, lambda w: w.pop("stt_model.lm_head.weight"))
-    with pytest.raises(CheckpointError, match=r"missing tensor 'stt_model.lm_head.weight' with shape \[400, 64\]"):
+    with pytest.raises(
+        CheckpointError, match=r"missing tensor 'stt_model.lm_head.weight' with shape \[400, 64\]"
+    ):
         load(d)
 
 
 def test_wrong_shape(tmp_path, tiny_checkpoints):
     d = _copy(tiny_checkpoints["nvidia"], tmp_path / "m")
     _rewrite(d, lambda w: w.__setitem__("stt_model.lm_head.weight", mx.zeros((400, 63))))
-    with pytest.raises(CheckpointError, match=r"'stt_model.lm_head.weight' has shape \[400, 63\] .* expects \[400, 64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'stt_model.lm_head.weight' has shape \[400, 63\] .* expects \[400, 64\]",
+    ):
         load(d)
 
 
@@ -251,13 +272,18 @@ def test_tokenizer_without_256_single_characters(tmp_path, tiny_checkpoints, cou
         i, p = singles[-1]
         del vocab[p]
         vocab["\u0100\u0100"] = i
-        tok["model"]["merges"] = [m for m in tok["model"]["merges"] if p not in (m if isinstance(m, list) else m.split())]
+        tok["model"]["merges"] = [
+            m for m in tok["model"]["merges"] if p not in (m if isinstance(m, list) else m.split())
+        ]
     else:
         multi = max((i, p) for p, i in vocab.items() if len(p) > 1 and i > 300)
         del vocab[multi[1]]
         vocab["\u4e00"] = multi[0]
-        tok["model"]["merges"] = [m for m in tok["model"]["merges"]
-                                  if "".join(m if isinstance(m, list) else m.split()) != multi[1]]
+        tok["model"]["merges"] = [
+            m
+            for m in tok["model"]["merges"]
+            if "".join(m if isinstance(m, list) else m.split()) != multi[1]
+        ]
     json.dump(tok, open(d / "tokenizer.json", "w"))
     with pytest.raises(Exception, match=f"{count} single-character tokens"):
         load(d)

@@ -20,8 +20,12 @@ def run(code, env_extra=None, python=sys.executable, cwd=None, pythonpath=None):
         env["PYTHONPATH"] = pythonpath
     env.update(env_extra or {})
     r = subprocess.run(
-        [python, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-        cwd=cwd or "/", timeout=600,
+        [python, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or "/",
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
@@ -45,13 +49,17 @@ MLX_AUDIO = """
 
 
 def test_startup_does_not_import_mlx():
-    out = run("import sys; print('mlx' in sys.modules, [type(f).__name__ for f in sys.meta_path][0])")
+    out = run(
+        "import sys; print('mlx' in sys.modules, [type(f).__name__ for f in sys.meta_path][0])"
+    )
     assert out.split() == ["False", "PluginFinder"]
 
 
 def test_disable_installs_no_finder():
-    out = run("import sys; print([type(f).__name__ for f in sys.meta_path])",
-              {"MLX_VOICECHAT_DISABLE": "1"})
+    out = run(
+        "import sys; print([type(f).__name__ for f in sys.meta_path])",
+        {"MLX_VOICECHAT_DISABLE": "1"},
+    )
     assert "PluginFinder" not in out
 
 
@@ -128,18 +136,33 @@ def wheel_python(tmp_path_factory):
     finder stays out)."""
     root = tmp_path_factory.mktemp("wheel")
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-         str(root / "dist"), str(ROOT)], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     (wheel,) = (root / "dist").glob("mlx_voicechat-*.whl")
     venv.create(root / "venv", with_pip=False)
     py = root / "venv" / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     r = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--target", site, str(wheel)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     import mlx
@@ -150,8 +173,9 @@ def wheel_python(tmp_path_factory):
 
 def test_wheel_install_registers(wheel_python, tiny_checkpoints):
     py, deps, site = wheel_python
-    out = run(MLX_LM.format(path=str(tiny_checkpoints["mlx-community"])), python=py,
-              pythonpath=deps)
+    out = run(
+        MLX_LM.format(path=str(tiny_checkpoints["mlx-community"])), python=py, pythonpath=deps
+    )
     assert f"{site}/mlx_voicechat/nemotron_voicechat.py" in out
     out = run(MLX_AUDIO.format(path=str(tiny_checkpoints["nvidia"])), python=py, pythonpath=deps)
     assert "MODULE mlx_voicechat.model" in out
