@@ -559,18 +559,20 @@ def make_checkpoint(
     # Written beside the target and renamed at the end: an interrupted run leaves no checkpoint.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
+        if layout in ("mlx-community", "nvidia"):
+            # NeMo key names and PyTorch layouts, with the training-only prompt projection that
+            # the release carries (mlx-vlm's loader requires it, ours drops it).
+            torch_w = to_torch_layout(weights, conv_transpose_keys(model))
+            h = config.tts_config.hidden_size
+            projection = mx.random.normal((h, h), key=mx.random.key(seed + 1))
+            torch_w["tts_model.tts_model.audio_prompt_projection_W"] = projection.astype(
+                weights["tts_model.tts_model.bos_emb"].dtype
+            )
         if layout == "mlx-community":
             write_json(tmp / "config.json", flat_config(config, quant_map))
-            torch_w = to_torch_layout(weights, conv_transpose_keys(model))
             save_sharded(tmp, torch_w, max_shard_bytes)
         elif layout == "nvidia":
             write_json(tmp / "config.json", nemo_config(config))
-            torch_w = to_torch_layout(weights, conv_transpose_keys(model))
-            h = config.tts_config.hidden_size
-            k = mx.random.key(seed + 1)
-            torch_w["tts_model.tts_model.audio_prompt_projection_W"] = mx.random.normal(
-                (h, h), key=k
-            )
             save_safetensors(tmp / "model.safetensors", torch_w, {"format": "pt"})
         else:
             nested = nemo_config(config)

@@ -117,7 +117,7 @@ def sanitize(
 
 _TORCH_CONV1D = re.compile(
     r"(\.(depthwise_conv|pointwise_conv1|pointwise_conv2|dwconv|pwconv1|pwconv2|conv1d)\.weight$)"
-    r"|(audio_codec\.encoder\.layers\.\d+\.weight$)"
+    r"|(audio_codec\.(encoder|decoder)\.layers\.\d+\.weight$)"
 )
 _TORCH_CONV2D = re.compile(r"pre_encode\.conv\.\d+\.weight$")
 _OUR_LSTM = re.compile(r"^(?P<prefix>.*\.lstm)\.(?P<layer>\d+)\.(?P<name>Wx|Wh|bias)$")

@@ -287,3 +287,26 @@ def test_tokenizer_without_256_single_characters(tmp_path, tiny_checkpoints, cou
     json.dump(tok, open(d / "tokenizer.json", "w"))
     with pytest.raises(Exception, match=f"{count} single-character tokens"):
         load(d)
+
+
+def test_factory_writes_the_release_key_set_and_layouts(tiny_checkpoints, oracle_dir):
+    """The factory's tiny model has the oracle's dimensions: the mlx-community folder it writes
+    must hold the same keys with the same (PyTorch) shapes as mlx-vlm's own conversion."""
+    import glob
+
+    from safetensors import safe_open
+
+    def shapes(folder):
+        out = {}
+        for f in glob.glob(str(folder / "*.safetensors")):
+            with safe_open(f, framework="numpy") as st:
+                out.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        return out
+
+    ours = shapes(tiny_checkpoints["mlx-community"])
+    ref = shapes(oracle_dir / "layouts" / "mlx-community-f32")
+    assert ours.keys() == ref.keys()
+    diff = {k: (ours[k], ref[k]) for k in ref if ours[k] != ref[k]}
+    # Only vocabulary-sized tensors may differ (the factory's tokenizer is its own).
+    assert all("embed_subword" in k or "rnnt" in k or "embed_tokens" in k or "head" in k
+               for k in diff), diff
