@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -83,4 +84,10 @@ def run_generate(args) -> int:
     print(result.text)
     if result.function_text:
         print(f"[function] {result.function_text}")
+    if not args.quiet:
+        seconds = len(result.audio) / result.sample_rate
+        print(
+            f"wrote {out} ({seconds:.2f} s, {result.sample_rate} Hz, {result.frames} frames)",
+            file=sys.stderr,
+        )
     return 0
