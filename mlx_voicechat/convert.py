@@ -27,6 +27,7 @@ from . import sanitize as rules
 from .checkpoint import TOKENIZER_PATTERNS, read_config, resolve_path, weight_files
 from .config import VoiceChatConfig
 from .errors import CheckpointError, VoiceChatError
+from .model import check_shapes
 from .writer import (
     MAX_SHARD_BYTES,
     TensorSpec,
@@ -171,25 +172,7 @@ class _Converter:
         for unit in self.source.units:
             for k, v in rules.sanitize(self.source.read(unit), self.shapes, self.conv_t).items():
                 seen[k] = tuple(v.shape)
-        missing = sorted(set(self.shapes) - set(seen))
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ConversionError(
-                f"source is missing tensor '{missing[0]}' with shape {list(self.shapes[missing[0]])}{more}"
-            )
-        extra = sorted(set(seen) - set(self.shapes))
-        if extra:
-            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-            raise ConversionError(
-                f"source has unexpected tensor '{extra[0]}'{more}; it does not belong to a "
-                "NemotronLabs VoiceChat model with this config"
-            )
-        for k, shape in seen.items():
-            if shape != self.shapes[k]:
-                raise ConversionError(
-                    f"tensor '{k}' has shape {list(shape)} in the source but the model expects "
-                    f"{list(self.shapes[k])}"
-                )
+        check_shapes(self.shapes, seen, where="source", error=ConversionError)
 
     def plan(self) -> List[TensorSpec]:
         specs = []

@@ -7,7 +7,7 @@ layout; :mod:`mlx_voicechat.sanitize` maps NeMo / PyTorch layouts onto them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -102,7 +102,7 @@ class Model(nn.Module):
             raise CheckpointError(
                 "the weights were loaded without Model.sanitize; cannot verify the checkpoint"
             )
-        check_weights(model, {k: None for k in provided}, shapes_only=False)
+        check_weights(model, {k: None for k in provided})
         attach_assets(model, Path(model_path))
         return model
 
@@ -155,36 +155,39 @@ class Model(nn.Module):
         )
 
 
-def _quantized_modules(model: nn.Module) -> set:
-    return {
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-    }
-
-
-def check_weights(model: nn.Module, weights: Mapping[str, Any], shapes_only: bool = True) -> None:
-    """Raise one clear CheckpointError for a missing, unexpected or misshaped tensor."""
+def check_weights(model: nn.Module, weights: Mapping[str, Any]) -> None:
+    """Raise one clear CheckpointError for a missing, unexpected or misshaped tensor (a value
+    of None stands for a tensor whose shape is not known here)."""
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
+    found = {k: None if v is None else tuple(v.shape) for k, v in weights.items()}
+    check_shapes(expected, found)
+
+
+def check_shapes(
+    expected: Mapping[str, Tuple[int, ...]],
+    found: Mapping[str, Optional[Tuple[int, ...]]],
+    where: str = "checkpoint",
+    error: type = CheckpointError,
+) -> None:
+    """``found`` (key -> shape, or None when unknown) must hold exactly the ``expected`` keys
+    with their shapes; the first difference is raised as ``error``, naming the key."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint is missing tensor '{missing[0]}' with shape "
+        raise error(
+            f"{where} is missing tensor '{missing[0]}' with shape "
             f"{list(expected[missing[0]])}{more}"
         )
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint has unexpected tensor '{unexpected[0]}'{more}; it does not belong to "
+        raise error(
+            f"{where} has unexpected tensor '{unexpected[0]}'{more}; it does not belong to "
             "a NemotronLabs VoiceChat model with this config"
         )
-    for k, v in weights.items():
-        if v is None:
-            continue
-        if tuple(v.shape) != expected[k]:
-            raise CheckpointError(
-                f"tensor '{k}' has shape {list(v.shape)} in the checkpoint but the model "
+    for k, shape in found.items():
+        if shape is not None and shape != expected[k]:
+            raise error(
+                f"tensor '{k}' has shape {list(shape)} in the {where} but the model "
                 f"expects {list(expected[k])}"
             )
