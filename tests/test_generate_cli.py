@@ -214,3 +214,9 @@ def test_save_into_missing_folder_leaves_nothing(tiny, question, tmp_path):
     with pytest.raises(AudioError, match="does not exist"):
         r.save(tmp_path / "nope" / "r.wav")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_system_prompt_string_longer_than_context(tiny, question):
+    limit = tiny.config.text_args.max_position_embeddings
+    with pytest.raises(GenerationError, match="LLM's context is"):
+        tiny.generate(str(question), system_prompt="hello there " * limit)
