@@ -8,15 +8,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from oracle_utils import ORACLE, replay_04
 
 from mlx_voicechat import load, writer
 from mlx_voicechat.cli import main
 from mlx_voicechat.convert import ConversionError, convert
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.factory import make_checkpoint
-from mlx_voicechat.noise import ReplayNoise
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 LAYOUTS = ORACLE / "layouts"
 
 
@@ -116,15 +115,7 @@ def test_oracle_nvidia_f32_equals_mlx_vlm_output_and_replays_04(oracle_f32):
     assert got.keys() == want.keys()
     for k in want:
         assert got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]).item(), k
-    io = dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
-    model = load(oracle_f32)
-    noise = ReplayNoise(io["noise_gumbel"], io["noise_randn"])
-    out = model.generate(
-        io["wav"][0],
-        prompt=io["prompt_tokens"][0].tolist(),
-        extra_decoding_seconds=0.0,
-        noise=noise,
-    )
+    out, _, io = replay_04(load(oracle_f32))
     assert out.text_ids == io["tokens_text"][0].tolist()
     P = io["prompt_tokens"].shape[1]
     assert np.array_equal(out.codes, io["gen_codes"][0, P:])

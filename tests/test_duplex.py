@@ -7,12 +7,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE, replay_04
 
 from mlx_voicechat import load
 from mlx_voicechat.duplex import duplex_step, listen, start_session, warmup_codes
-from mlx_voicechat.noise import KeyNoise, ReplayNoise
+from mlx_voicechat.noise import KeyNoise
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 SPF = 1764  # samples per 80 ms frame at 22.05 kHz
 
 
@@ -27,14 +27,8 @@ def io04():
 
 
 @pytest.fixture(scope="module")
-def replay(nvidia, io04):
-    noise = ReplayNoise(io04["noise_gumbel"], io04["noise_randn"])
-    out = nvidia.generate(
-        io04["wav"][0],
-        prompt=io04["prompt_tokens"][0].tolist(),
-        extra_decoding_seconds=0.0,
-        noise=noise,
-    )
+def replay(nvidia):
+    out, noise, _ = replay_04(nvidia)
     return out, noise
 
 
