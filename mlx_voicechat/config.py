@@ -334,6 +334,22 @@ def text_args(text_config: Dict[str, Any]):
     return NemotronHArgs.from_dict(d)
 
 
+# The flat config's scalar entries, in the order mlx-vlm's converter writes them.
+TOP_LEVEL_KEYS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "silence_token_id",
+    "rnnt_blank_id",
+    "input_sample_rate",
+    "output_sample_rate",
+    "frame_duration",
+    "function_channel_weight",
+    "speaker",
+    "rnnt_vocabulary",
+)
+
+
 # --- the whole model --------------------------------------------------------------------
 
 
@@ -540,18 +556,7 @@ class VoiceChatConfig:
         d["audio_config"]["encoder"]["att_context_size"] = [
             list(self.audio_config.encoder.att_context_size)
         ]
-        for k in (
-            "bos_token_id",
-            "eos_token_id",
-            "pad_token_id",
-            "silence_token_id",
-            "input_sample_rate",
-            "output_sample_rate",
-            "frame_duration",
-            "function_channel_weight",
-            "speaker",
-            "rnnt_vocabulary",
-        ):
+        for k in TOP_LEVEL_KEYS:
             d[k] = getattr(self, k)
         d["rnnt_blank_id"] = self.blank_id
         if self.quantization:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import VoiceChatConfig, text_args
+from .config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
 from .errors import VoiceChatError
 
 MAX_SHARD_BYTES = 5 << 30  # 5 GiB, mlx-lm's and mlx-vlm's shard limit
@@ -154,19 +154,6 @@ _CHAR_KEYS = (
     "attn_logit_softcapping",
     "rope_parameters",
 )
-_TOP_KEYS = (
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "silence_token_id",
-    "rnnt_blank_id",
-    "input_sample_rate",
-    "output_sample_rate",
-    "frame_duration",
-    "function_channel_weight",
-    "speaker",
-    "rnnt_vocabulary",
-)
 
 
 def _text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
@@ -263,7 +250,7 @@ def flat_config(
         "audio_config": {**audio, "max_symbols": config.audio_config.max_symbols},
         "tts_config": {k: tts[k] for k in _TTS_KEYS if k in tts},
         "codec_config": full["codec_config"],
-        **{k: full[k] for k in _TOP_KEYS},
+        **{k: full[k] for k in TOP_LEVEL_KEYS},
     }
     back = VoiceChatConfig.from_dict(json.loads(json.dumps(d)))
     for name in ("audio_config", "tts_config", "codec_config"):
