@@ -121,7 +121,6 @@ def worker_ours(args) -> dict:
 
     sys.path.insert(0, str(ROOT))
     import mlx_voicechat
-    from mlx_voicechat import duplex
 
     model = mlx_voicechat.load(args.ckpt)
     audio = _load_audio(args.audio)
@@ -183,7 +182,7 @@ def _profile_ours(model, audio) -> dict:
     silence = speech.codec_silence_tokens
     codes = []
     for i in range(F):
-        text_id, fn_id = timed("llm", lambda: duplex.think(model, cache, projected[:, i : i + 1])).tolist()
+        text_id, _ = timed("llm", lambda: duplex.think(model, cache, projected[:, i : i + 1])).tolist()
         if cache.position == 0:
             c = duplex.speak(model, cache, text_id, 0)
         else:
@@ -192,7 +191,6 @@ def _profile_ours(model, audio) -> dict:
             hid = timed("tts_backbone", lambda: tts.backbone(x, cache.tts))
             c = timed("mog", lambda: tts.generate_codes(hid, cache.noise))
             cache.previous_code = c
-        cache.prev_text, cache.prev_function = text_id, fn_id
         cache.position += 1
         codes.append(c)
     all_codes = mx.concatenate(codes, axis=0)[None]
@@ -307,9 +305,12 @@ def worker_peer(args) -> dict:
         _wrap_timed(type(model.tts_model.audio_codec), "decode", "codec", acc)
     else:
         orig = stt_cls.__call__
+        log = open(_stamps_path(args.view), "w")  # noqa: SIM115 (read by the driver on timeout)
 
         def stamped(*a, **k):
             stamps.append(time.perf_counter())
+            log.write(f"{stamps[-1]}\n")
+            log.flush()
             return orig(*a, **k)
 
         stt_cls.__call__ = stamped
@@ -329,7 +330,27 @@ def worker_peer(args) -> dict:
 # --- driver side ---------------------------------------------------------------------------
 
 
+def _stamps_path(view) -> Path:
+    return Path(str(view) + ".stamps")
+
+
+def _partial(view, timeout) -> dict:
+    """What a run stopped by its timeout had done: frames and the cost of its last frames (the
+    peers' default configuration gets slower every frame, so this is a lower bound)."""
+    import numpy as np
+
+    try:
+        stamps = [float(x) for x in _stamps_path(view).read_text().split()]
+    except (OSError, ValueError):
+        stamps = []
+    out = {"error": f"timed out after {timeout} s", "frames_done": max(len(stamps) - 1, 0)}
+    if len(stamps) > 2:
+        out["frame_ms_last"] = 1000 * float(np.median(np.diff(stamps)[-5:]))
+    return out
+
+
 def _run_worker(config, scale, mode, ckpt, audio, view, timeout) -> dict:
+    _stamps_path(view).unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", config, "--mode", mode, "--ckpt", str(ckpt),
            "--audio", str(audio), "--view", str(view)]
     env = dict(os.environ, MLX_VOICECHAT_OVERRIDE="0", PYTHONPATH=str(ROOT))
@@ -338,7 +359,7 @@ def _run_worker(config, scale, mode, ckpt, audio, view, timeout) -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
+        return _partial(view, timeout)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode or not lines:
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -396,6 +417,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1, help="alternating rounds of plain runs")
     ap.add_argument("--peers", default="mlx-vlm,mlx-audio")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
+    ap.add_argument("--default-timeout", type=int, default=900,
+                    help="seconds for a peer's default configuration (it re-runs the whole "
+                         "history every frame); a run stopped here reports its last frames")
     ap.add_argument("--out", default=None, help="also write the table to this markdown file")
     # worker mode
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -445,8 +469,9 @@ def main(argv=None):
             for c in configs:  # alternating: one run of each configuration per round
                 peer = c.split(":")[0]
                 ck = ckpts[PEER_LAYOUT[peer]]
+                limit = args.default_timeout if c.endswith(":default") else args.timeout
                 r = _run_worker(c, scale, "plain", ck, inputs["main"], d / "views" / f"{peer}-{scale}",
-                                args.timeout)
+                                limit)
                 print(f"  {scale} {c}: {r}", file=sys.stderr, flush=True)
                 runs[c].append(r)
         prof = {}
@@ -466,6 +491,8 @@ def main(argv=None):
 
         med = lambda rs, k: statistics.median([r[k] for r in rs if k in r]) if any(k in r for r in rs) else None  # noqa: E731
         ours_ms = med(runs["ours"], "frame_ms")
+        frames_in = next((r["frames"] for r in runs["ours"] if "frames" in r), "?")
+        limit_s = lambda c: args.default_timeout if c.endswith(":default") else args.timeout  # noqa: E731
         emit(f"### {scale}: {args.seconds:g} s input + system prompt")
         emit()
         emit("| configuration | frames | per-frame ms (median) | perception | LLM | TTS backbone "
@@ -474,6 +501,13 @@ def main(argv=None):
         for c in configs:
             rs = runs[c]
             errs = [r["error"] for r in rs if "error" in r]
+            last = [r["frame_ms_last"] for r in rs if "frame_ms_last" in r]
+            if last:  # stopped by its timeout: its last frames bound the per-frame cost
+                ms, done = max(last), max(r.get("frames_done", 0) for r in rs)
+                ratio = f"< {ours_ms / ms:.3f}" if ours_ms else "—"
+                emit(f"| {c} | {done} of {frames_in} | > {_fmt(ms)} (frames {done - 5}-{done}; "
+                     f"{errs[0]}) | | | | | | | > {limit_s(c)} | | {ratio} |")
+                continue
             if errs:
                 emit(f"| {c} | — | failed: {errs[0]} | | | | | | | | | |")
                 continue

@@ -24,6 +24,7 @@ import mlx.nn as nn
 
 from .config import VoiceChatConfig
 from .errors import CheckpointError
+from .layout import use_cpu_layout
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]
 TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -250,5 +251,6 @@ def load(
     model.eval()
     if not lazy:
         mx.eval(model.parameters())
+        use_cpu_layout(model)  # lazy: on first use
     attach_assets(model, folder, tokenizer)
     return model

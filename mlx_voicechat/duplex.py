@@ -15,6 +15,7 @@ never spoken: without a prompt, audio frame 0 gets the codec's silence codes.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -24,6 +25,7 @@ import numpy as np
 from .audio import AudioError, load_audio, save_wav
 from .codec import replace_control_codes
 from .errors import VoiceChatError
+from .layout import use_cpu_layout
 from .noise import KeyNoise, NoiseSource
 from .rnnt import decode_pieces, greedy_decode
 
@@ -45,9 +47,8 @@ class DuplexCache:
     noise: NoiseSource
     prefix: Optional[mx.array]  # [1, P, H] prompt rows, consumed by the first frame's prefill
     prompt_frames: int
-    prev_text: int
-    prev_function: int
-    position: int = 0  # timeline position of the next input frame
+    prev_ids: mx.array  # [2] the last frame's [text, function] ids, on the device
+    position: int = 0  # timeline position of the next input frame to speak
 
 
 @dataclass
@@ -96,6 +97,7 @@ def start_session(
     seed: int = 0,
 ) -> DuplexCache:
     """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions."""
+    use_cpu_layout(model)
     cfg = model.config
     pad = cfg.pad_token_id
     prompt = [int(i) for i in prompt]
@@ -127,8 +129,7 @@ def start_session(
         noise=noise,
         prefix=prefix,
         prompt_frames=len(prompt),
-        prev_text=pad,
-        prev_function=pad,
+        prev_ids=mx.array([pad, pad], dtype=mx.int32),
         position=0 if not prompt else len(prompt),
     )
 
@@ -136,14 +137,16 @@ def start_session(
 def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
-    Advances the LLM cache; reads the previous ids from ``cache`` (host ints)."""
+    Advances the LLM cache. The previous frame's ids are read on the device
+    (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
     audio_frame = audio_frame.reshape(1, 1, -1)
-    text_row = _embed(model, [cache.prev_text])
+    prev = stt.embed_tokens(cache.prev_ids.reshape(1, 2))  # [1, 2, H]: text, function
+    text_row = prev[:, 0:1]
     row = text_row + audio_frame.astype(text_row.dtype)
-    row = row + w * _embed(model, [cache.prev_function])
+    row = row + w * prev[:, 1:2]
     if cache.prefix is not None:
         row = mx.concatenate([cache.prefix.astype(row.dtype), row], axis=1)
         cache.prefix = None
@@ -151,19 +154,39 @@ def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
     ids = mx.concatenate(
         [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
     )
-    return ids.reshape(-1)
+    ids = ids.reshape(-1).astype(mx.int32)
+    cache.prev_ids = ids
+    return ids
+
+
+def speech_stream() -> mx.Stream:
+    """The stream the TTS half of every frame runs on: a second stream on the default device,
+    one per process, so that a frame's speech runs beside the next frame's LLM (on the CPU, a
+    second core)."""
+    device = mx.default_device()
+    key = str(device)
+    stream = _SPEECH_STREAMS.get(key)
+    if stream is None:
+        stream = _SPEECH_STREAMS[key] = mx.new_stream(device)
+    return stream
+
+
+_SPEECH_STREAMS: dict = {}
 
 
 def speak(model, cache: DuplexCache, text_id: int, position: int) -> mx.array:
-    """The TTS half of the frame at timeline ``position``: its code frame ``[1, Q]`` (lazy)."""
+    """The TTS half of the frame at timeline ``position``: its code frame ``[1, Q]``, queued on
+    :func:`speech_stream` (call ``mx.async_eval`` / ``mx.eval`` on it)."""
     speech = model.tts_model
     silence = speech.codec_silence_tokens
     if position == 0:
         # errata 11: position 0 has no TTS step; it sounds like silence.
         return silence.reshape(1, -1).astype(mx.int32)
-    codes, cache.tts = speech.tts_model.step(
-        text_id, cache.previous_code, cache.tts, cache.noise, silence
-    )
+    with mx.stream(speech_stream()):
+        codes, cache.tts = speech.tts_model.step(
+            text_id, cache.previous_code, cache.tts, cache.noise, silence
+        )
+        mx.async_eval(codes)
     cache.previous_code = codes
     return codes
 
@@ -172,14 +195,16 @@ def duplex_step(model, cache: DuplexCache, audio_frame: mx.array) -> Tuple[Frame
     """Advance one input frame: ``audio_frame`` is the projected perception row ``[1, 1, H]``.
 
     Returns the greedy text and function ids of this frame and its code frame ``[1, Q]``.
-    One host sync (the two ids, which the TTS and the next frame need on the host)."""
+    One host sync (the two ids: the TTS needs the text id on the host)."""
     ids = think(model, cache, audio_frame)
     text_id, function_id = ids.tolist()
     codes = speak(model, cache, text_id, cache.position)
-    mx.async_eval(codes)
-    cache.prev_text, cache.prev_function = text_id, function_id
     cache.position += 1
     return FrameOutput(text_id, function_id, codes), cache
+
+
+#: How many frames the LLM is queued ahead of the host in :func:`run_frames`.
+LOOKAHEAD = 2
 
 
 def run_frames(
@@ -188,25 +213,26 @@ def run_frames(
     frames: mx.array,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[List[FrameOutput], DuplexCache]:
-    """``duplex_step`` over every row of ``frames`` ``[1, F, H]``, pipelined: the LLM of frame
-    ``i + 1`` is queued before the TTS of frame ``i``, so the host builds one while the device
-    runs the other. Same operations in the same order per cache, so the same results."""
+    """``duplex_step`` over every row of ``frames`` ``[1, F, H]``, pipelined.
+
+    The LLM runs ``LOOKAHEAD`` frames ahead of the host (it reads its previous ids on the
+    device), and each frame's TTS runs on :func:`speech_stream`, beside the LLM of the frames
+    after it. Same operations in the same order per cache, so the same results as
+    ``duplex_step`` frame by frame."""
     F = frames.shape[1]
     outputs: List[FrameOutput] = []
-    if F == 0:
-        return outputs, cache
-    pending = think(model, cache, frames[:, 0:1])
-    mx.async_eval(pending)
+    pending = deque()
+    for j in range(min(LOOKAHEAD, F)):
+        pending.append(think(model, cache, frames[:, j : j + 1]))
+        mx.async_eval(pending[-1])
     for i in range(F):
-        text_id, function_id = pending.tolist()  # the frame's one host sync
-        position = cache.position
-        cache.prev_text, cache.prev_function = text_id, function_id
+        text_id, function_id = pending.popleft().tolist()  # the frame's one host sync
+        j = i + LOOKAHEAD
+        if j < F:
+            pending.append(think(model, cache, frames[:, j : j + 1]))
+            mx.async_eval(pending[-1])
+        codes = speak(model, cache, text_id, cache.position)
         cache.position += 1
-        if i + 1 < F:
-            pending = think(model, cache, frames[:, i + 1 : i + 2])
-            mx.async_eval(pending)
-        codes = speak(model, cache, text_id, position)
-        mx.async_eval(codes)
         outputs.append(FrameOutput(text_id, function_id, codes))
         if progress is not None:
             progress(i + 1, F)
@@ -253,6 +279,7 @@ def listen(model, audio, extra_decoding_seconds: float = 0.0, source_rate: Optio
         raise GenerationError(
             f"extra_decoding_seconds must be a finite number >= 0, got {extra_decoding_seconds}"
         )
+    use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
     pad = int(round(extra_decoding_seconds * rate))

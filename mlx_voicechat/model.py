@@ -17,6 +17,7 @@ from . import sanitize as rules
 from .codec import AudioCodec
 from .config import VoiceChatConfig
 from .errors import CheckpointError
+from .layout import use_cpu_layout
 from .llm import FusedNemotronH
 from .perception import Perception
 from .rnnt import RNNTDecoder, RNNTJoint
@@ -104,6 +105,7 @@ class Model(nn.Module):
             )
         check_weights(model, {k: None for k in provided})
         attach_assets(model, Path(model_path))
+        use_cpu_layout(model)
         return model
 
     def setup_tokenizer(self, tokenizer) -> None:
@@ -117,6 +119,7 @@ class Model(nn.Module):
         """The user's words via the RNNT head: text, token ids, frame indices, language."""
         from .transcribe import transcribe
 
+        use_cpu_layout(self)
         stt = self.stt_model
         return transcribe(
             stt.perception,

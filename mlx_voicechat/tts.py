@@ -25,6 +25,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from .char_encoder import CharAwareSubwordEncoder, OffsetRMSNorm
 from .config import MoGHeadConfig, TTSConfig
+from .layout import keep_row_major
 from .noise import NoiseSource
 
 TextId = Union[int, np.integer, mx.array]
@@ -158,7 +159,8 @@ class MoGHead(nn.Module):
             MLPLayer(hidden_size, cfg.intermediate_size, cfg.eps) for _ in range(cfg.num_layers)
         ] + [OffsetRMSNorm(hidden_size, cfg.eps)]
         self.proj_logits = nn.Linear(hidden_size, n, bias=False)
-        self.proj_mus = nn.Linear(hidden_size, n * (r or out_size), bias=False)
+        # Read directly (one component's rows are gathered per draw): keep it row-major.
+        self.proj_mus = keep_row_major(nn.Linear(hidden_size, n * (r or out_size), bias=False))
         self.proj_logs = nn.Linear(hidden_size, 1, bias=False)
         if r:
             self.proj_else = nn.Linear(hidden_size, out_size, bias=False)

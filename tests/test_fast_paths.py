@@ -1,0 +1,150 @@
+"""The speed paths give the same bits as the plain ones: column-major CPU weights, the LLM's
+single-token step, and the pipelined loop on two streams."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache
+
+from mlx_voicechat import layout, load
+from mlx_voicechat.duplex import generate, run_frames, start_session
+from mlx_voicechat.llm import FusedNemotronH
+
+
+def _params(model):
+    return dict(tree_flatten(model.parameters()))
+
+
+def _plain(path):
+    """The model as loaded, before any layout change."""
+    return load(path, lazy=True)
+
+
+def _wave(seconds, seed=0):
+    rng = np.random.default_rng(seed)
+    return (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_checkpoints):
+    return load(tiny_checkpoints["mlx-community"]), _plain(tiny_checkpoints["mlx-community"])
+
+
+def test_cpu_layout_keeps_every_parameter(tiny_pair):
+    fast, plain = tiny_pair
+    assert getattr(fast, "_cpu_layout_done", False)
+    assert not getattr(plain, "_cpu_layout_done", False)
+    a, b = _params(fast), _params(plain)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        assert mx.array_equal(a[k], b[k]).item(), k
+
+
+def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):
+    model = _plain(tiny_checkpoints["mlx-community"])
+    linears = [
+        m for _, m in model.named_modules()
+        if type(m) is nn.Linear and not getattr(m, "_keep_row_major", False)
+    ]
+    assert layout.use_cpu_layout(model) == len(linears) > 10
+    assert layout.use_cpu_layout(model) == 0  # once
+
+
+def test_cpu_layout_leaves_quantized_and_half_precision(tiny_checkpoints):
+    q = _plain(tiny_checkpoints["mlx-community-4bit"])
+    float_linears = [
+        m for _, m in q.named_modules() if type(m) is nn.Linear and m.weight.dtype == mx.float32
+        and not getattr(m, "_keep_row_major", False)
+    ]
+    assert layout.use_cpu_layout(q) == len(float_linears)
+    half = _plain(tiny_checkpoints["mlx-community"])
+    half.set_dtype(mx.bfloat16)
+    assert layout.use_cpu_layout(half) == 0
+
+
+def test_cpu_layout_saves_the_same_tensors(tiny_pair, tmp_path):
+    fast, plain = tiny_pair
+    mx.save_safetensors(str(tmp_path / "fast.safetensors"), _params(fast))
+    back = mx.load(str(tmp_path / "fast.safetensors"))
+    for k, v in _params(plain).items():
+        assert mx.array_equal(back[k], v).item(), k
+
+
+def test_cpu_layout_generates_the_same_bytes(tiny_pair):
+    fast, plain = tiny_pair
+    wave = _wave(1.2)
+    a = generate(fast, wave, "Hi there.", extra_decoding_seconds=0.4, seed=5)
+    plain_before = getattr(plain, "_cpu_layout_done", False)
+    object.__setattr__(plain, "_cpu_layout_done", True)  # keep it row-major for this run
+    try:
+        b = generate(plain, wave, "Hi there.", extra_decoding_seconds=0.4, seed=5)
+    finally:
+        object.__setattr__(plain, "_cpu_layout_done", plain_before)
+    assert a.text_ids == b.text_ids and a.function_ids == b.function_ids
+    assert np.array_equal(a.codes, b.codes)
+    assert np.array_equal(a.audio, b.audio)
+
+
+@pytest.mark.parametrize("variant", ["float32", "bfloat16", "4bit"])
+def test_llm_step_equals_mlx_lm_scan(tiny_checkpoints, variant, monkeypatch):
+    """One token at a time through FusedNemotronH.step: the same bits as mlx-lm's SSD scan,
+    outputs and every cache entry."""
+    path = tiny_checkpoints["mlx-community-4bit" if variant == "4bit" else "mlx-community"]
+    model = load(path)
+    if variant == "bfloat16":
+        model.set_dtype(mx.bfloat16)
+    llm = model.stt_model.llm
+    H = model.config.text_args.hidden_size
+    dtype = mx.bfloat16 if variant == "bfloat16" else mx.float32
+    x = mx.random.normal((1, 9, H), key=mx.random.key(7)).astype(dtype)
+
+    def run(use_step):
+        monkeypatch.setattr(FusedNemotronH, "use_step", use_step)
+        cache = llm.make_cache()
+        outs = [llm(x[:, :4], cache)] + [llm(x[:, t : t + 1], cache) for t in range(4, 9)]
+        mx.eval(outs)
+        states = []
+        for c in cache:
+            if isinstance(c, ArraysCache):
+                states += c.cache
+            else:
+                states += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+        return outs, states
+
+    (o1, s1), (o2, s2) = run(False), run(True)
+    assert len(s1) == len(s2) > 0
+    for a, b in zip(o1 + s1, o2 + s2):
+        assert a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+def test_llm_step_waits_for_a_filled_cache(tiny_checkpoints, monkeypatch):
+    """Without a prompt the first frame meets empty Mamba states: mlx-lm's path runs it."""
+    model = load(tiny_checkpoints["mlx-community"])
+    llm = model.stt_model.llm
+    calls = []
+    orig = FusedNemotronH.step
+    monkeypatch.setattr(FusedNemotronH, "step", lambda *a: calls.append(1) or orig(*a))
+    x = mx.random.normal((1, 3, model.config.text_args.hidden_size), key=mx.random.key(2))
+    cache = llm.make_cache()
+    for t in range(3):
+        llm(x[:, t : t + 1], cache)
+    assert len(calls) == 2
+
+
+def test_pipelined_loop_without_prompt_equals_unpipelined(tiny_pair, monkeypatch):
+    """Lookahead 2 with the TTS on its own stream against lookahead 1 on one stream."""
+    fast, _ = tiny_pair
+    frames = mx.random.normal((1, 7, fast.config.text_args.hidden_size), key=mx.random.key(4))
+    a, _ = run_frames(fast, start_session(fast, [], seed=1), frames)
+    import mlx_voicechat.duplex as duplex
+
+    monkeypatch.setattr(duplex, "LOOKAHEAD", 1)
+    monkeypatch.setattr(duplex, "speech_stream", lambda: mx.default_stream(mx.default_device()))
+    b, _ = run_frames(fast, start_session(fast, [], seed=1), frames)
+    assert [o.text_id for o in a] == [o.text_id for o in b]
+    assert [o.function_id for o in a] == [o.function_id for o in b]
+    for x, y in zip(a, b):
+        assert np.array_equal(np.array(x.codes), np.array(y.codes))
