@@ -527,8 +527,8 @@ def main(argv=None):
             at = long["frame_ms_at"]
             f50, f400 = at.get("50"), at.get("400")
             rel = f" ({f400 / f50:.2f}x)" if f50 and f400 else ""
-            emit(f"- ours, {args.long_seconds:g} s input ({long['frames']} frames; frame i = median of "
-                 f"frames i-{LONG_WINDOW}..i+{LONG_WINDOW - 1}): frame 50 "
+            emit(f"- ours, {args.long_seconds:g} s input ({long['frames']} frames; frame i = "
+                 f"median of frames i-{LONG_WINDOW}..i+{LONG_WINDOW - 1}): frame 50 "
                  f"{_fmt(f50)} ms, frame 400 {_fmt(f400)} ms{rel}")
         elif long:
             emit(f"- ours, long input: {long.get('error', 'fewer than 425 frames')}")
