@@ -148,3 +148,27 @@ def test_pipelined_loop_without_prompt_equals_unpipelined(tiny_pair, monkeypatch
     assert [o.function_id for o in a] == [o.function_id for o in b]
     for x, y in zip(a, b):
         assert np.array_equal(np.array(x.codes), np.array(y.codes))
+
+
+def test_llm_step_follows_weights_changed_after_first_use(tiny_checkpoints, monkeypatch):
+    """The compiled segments read the blocks' current parameters: quantizing the LLM after a
+    first step changes the step's result, and it still equals mlx-lm's path."""
+    model = load(tiny_checkpoints["mlx-community"])
+    llm = model.stt_model.llm
+    x = mx.random.normal((1, 6, model.config.text_args.hidden_size), key=mx.random.key(3))
+
+    def run(use_step):
+        monkeypatch.setattr(FusedNemotronH, "use_step", use_step)
+        cache = llm.make_cache()
+        outs = [llm(x[:, :3], cache)] + [llm(x[:, t : t + 1], cache) for t in range(3, 6)]
+        mx.eval(outs)
+        return outs
+
+    before = run(True)
+    nn.quantize(
+        llm, group_size=32, bits=4,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % 32 == 0,
+    )
+    after, scan = run(True), run(False)
+    assert not all(mx.array_equal(a, b).item() for a, b in zip(before, after))
+    assert all(mx.array_equal(a, b).item() for a, b in zip(after, scan))
