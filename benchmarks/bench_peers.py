@@ -458,6 +458,10 @@ def main(argv=None):
         lines.append(s)
 
     t_all = time.perf_counter()
+
+    def limit_s(config):  # the peers' default configuration gets its own, shorter limit
+        return args.default_timeout if config.endswith(":default") else args.timeout
+
     results = {}
     for scale in args.scales.split(","):
         ckpts = {}
@@ -471,9 +475,8 @@ def main(argv=None):
             for c in configs:  # alternating: one run of each configuration per round
                 peer = c.split(":")[0]
                 ck = ckpts[PEER_LAYOUT[peer]]
-                limit = args.default_timeout if c.endswith(":default") else args.timeout
                 r = _run_worker(c, scale, "plain", ck, inputs["main"], d / "views" / f"{peer}-{scale}",
-                                limit)
+                                limit_s(c))
                 print(f"  {scale} {c}: {r}", file=sys.stderr, flush=True)
                 runs[c].append(r)
         prof = {}
@@ -493,8 +496,6 @@ def main(argv=None):
 
         med = lambda rs, k: statistics.median([r[k] for r in rs if k in r]) if any(k in r for r in rs) else None  # noqa: E731
         ours_ms = med(runs["ours"], "frame_ms")
-        frames_in = next((r["frames"] for r in runs["ours"] if "frames" in r), "?")
-        limit_s = lambda c: args.default_timeout if c.endswith(":default") else args.timeout  # noqa: E731
         emit(f"### {scale}: {args.seconds:g} s input + system prompt")
         emit()
         emit("| configuration | frames | per-frame ms (median) | perception | LLM | TTS backbone "
@@ -507,7 +508,7 @@ def main(argv=None):
             if last:  # stopped by its timeout: its last frames bound the per-frame cost
                 ms, done = max(last), max(r.get("frames_done", 0) for r in rs)
                 ratio = f"< {ours_ms / ms:.3f}" if ours_ms else "—"
-                emit(f"| {c} | {done} of {frames_in} | > {_fmt(ms)} (frames {done - 5}-{done}; "
+                emit(f"| {c} | {done} LLM calls | > {_fmt(ms)} (calls {done - 5}-{done}; "
                      f"{errs[0]}) | | | | | | | > {limit_s(c)} | | {ratio} |")
                 continue
             if errs:
