@@ -1,27 +1,27 @@
-"""The whole VoiceChat model: the parameter tree both ecosystem loaders build and fill.
+"""The whole VoiceChat model's parameter tree, composed of the networks in :mod:`mlx_voicechat.nets`.
 
 Parameter names are the checkpoint's key names (``stt_model.*``, ``tts_model.*``) in MLX
-layout; :mod:`mlx_voicechat.sanitize` maps NeMo / PyTorch layouts onto them.
+layout; :mod:`mlx_voicechat.weights.sanitize` maps NeMo / PyTorch layouts onto them. The
+user-facing class, with the loader hooks and the runtime methods, is
+:class:`mlx_voicechat.nemotron_voicechat.Model`; this module imports neither weights/ nor
+runtime/.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import sanitize as rules
-from .codec import AudioCodec
 from .config import VoiceChatConfig
 from .errors import CheckpointError
-from .layout import use_cpu_layout
-from .llm import FusedNemotronH
-from .perception import Perception
-from .rnnt import RNNTDecoder, RNNTJoint
-from .tts import EarTTS
+from .nets.codec import AudioCodec
+from .nets.llm import FusedNemotronH
+from .nets.perception import Perception
+from .nets.rnnt import RNNTDecoder, RNNTJoint
+from .nets.tts import EarTTS
 
 
 class STTModel(nn.Module):
@@ -61,7 +61,10 @@ class SpeechModel(nn.Module):
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
 
 
-class Model(nn.Module):
+class VoiceChatModel(nn.Module):
+    """The parameter tree of the whole model: listening and thinking (``stt_model``) and
+    speaking (``tts_model``), plus the tokenizer and RNNT vocabulary once they are attached."""
+
     def __init__(self, config: VoiceChatConfig):
         super().__init__()
         if isinstance(config, dict):
@@ -74,72 +77,16 @@ class Model(nn.Module):
         self.tokenizer = None
         self.rnnt_vocabulary = list(config.rnnt_vocabulary)
 
-    # --- loading ----------------------------------------------------------------------
-
-    def sanitize(self, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
-        """NeMo / PyTorch layouts to ours; pure in its result and safe to run twice.
-
-        It also remembers which keys the checkpoint provided, so that ``post_load_hook`` can
-        tell a non-strict loader's silently missing tensors from loaded ones.
-        """
-        out = rules.sanitize(weights, rules.expected_shapes(self), rules.conv_transpose_keys(self))
-        self._checkpoint_keys = frozenset(out)
-        return out
-
     def load_weights(self, file_or_weights, strict: bool = True):
         if strict and not isinstance(file_or_weights, str):
             file_or_weights = list(file_or_weights)
             check_weights(self, dict(file_or_weights))
         return super().load_weights(file_or_weights, strict=strict)
 
-    @staticmethod
-    def post_load_hook(model: "Model", model_path) -> "Model":
-        """mlx-audio loads non-strictly: verify here that every parameter was in the checkpoint,
-        then attach the tokenizer and RNNT vocabulary from the checkpoint folder."""
-        from .checkpoint import attach_assets
-
-        provided = model._checkpoint_keys
-        if provided is None:
-            raise CheckpointError(
-                "the weights were loaded without Model.sanitize; cannot verify the checkpoint"
-            )
-        check_weights(model, {k: None for k in provided})
-        attach_assets(model, Path(model_path))
-        use_cpu_layout(model)
-        return model
-
     def setup_tokenizer(self, tokenizer) -> None:
         """Attach the LLM tokenizer and build the character tables EAR-TTS derives from it."""
         self.tokenizer = tokenizer
         self.tts_model.tts_model.set_vocabulary(tokenizer)
-
-    # --- listening ----------------------------------------------------------------------
-
-    def transcribe(self, audio, *, source_rate: Optional[int] = None, chunk_size=None):
-        """The user's words via the RNNT head: text, token ids, frame indices, language."""
-        from .transcribe import transcribe
-
-        use_cpu_layout(self)
-        stt = self.stt_model
-        return transcribe(
-            stt.perception,
-            stt.rnnt_decoder,
-            stt.rnnt_joint,
-            self.rnnt_vocabulary,
-            self.config.rnnt_blank_id,
-            self.config.audio_config.max_symbols,
-            audio,
-            source_rate=source_rate,
-            chunk_size=chunk_size,
-        )
-
-    # --- the duplex loop ------------------------------------------------------------------
-
-    def generate(self, audio, system_prompt=None, extra_decoding_seconds=3.0, seed=0, **kwargs):
-        """Offline speech-to-speech: see :func:`mlx_voicechat.duplex.generate`."""
-        from .duplex import generate
-
-        return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
 
     @property
     def layers(self):

@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .errors import VoiceChatError
+from ..errors import VoiceChatError
 
 INPUT_SAMPLE_RATE = 16000  # Hz, the listening path's rate
 MAX_CHANNELS = 8  # a 2-D array whose first axis is at most this long may be channels-first
