@@ -85,3 +85,19 @@ class Model(VoiceChatModel):
         from .runtime.duplex import generate
 
         return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
+
+    def session(
+        self,
+        system_prompt: Optional[str] = None,
+        *,
+        seed: int = 0,
+        noise=None,
+        prompt=None,
+        max_seconds: Optional[float] = None,
+    ):
+        """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
+        from .runtime.session import Session
+
+        return Session(
+            self, system_prompt, seed=seed, noise=noise, prompt=prompt, max_seconds=max_seconds
+        )

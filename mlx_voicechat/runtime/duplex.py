@@ -134,11 +134,18 @@ def start_session(
     )
 
 
-def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
+def think(
+    model,
+    cache: DuplexCache,
+    audio_frame: mx.array,
+    override: Optional[Callable[[mx.array], mx.array]] = None,
+) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
     Advances the LLM cache. The previous frame's ids are read on the device
-    (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them."""
+    (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them.
+    ``override`` maps the heads' ids to the ids this frame feeds back and speaks (a barge-in's
+    silence, a tool result's tokens), on the device."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
@@ -155,6 +162,8 @@ def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
         [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
     )
     ids = ids.reshape(-1).astype(mx.int32)
+    if override is not None:
+        ids = override(ids).astype(mx.int32)
     cache.prev_ids = ids
     return ids
 
