@@ -164,10 +164,18 @@ class PluginFinder:
             if self._builtin_exists(fullname, path, target):
                 return None
         if sub:
+            # `<alias>.config` is the plugin package's `config`; `<alias>.config.tree` is that
+            # package's `tree`: one module object under both names, never a second copy.
             parent = sys.modules.get(fullname.rsplit(".", 1)[0])
-            if parent is None or parent.__name__ != module:
+            package = module.rsplit(".", 1)[0]
+            if parent is None:
+                return None
+            if parent.__name__ == module:
+                module = package + "." + sub[-1]
+            elif len(sub) > 1 and parent.__name__.startswith(package + "."):
+                module = parent.__name__ + "." + sub[-1]
+            else:
                 return None  # the parent is the built-in package, not ours
-            module = module.rsplit(".", 1)[0] + "." + ".".join(sub)
         from importlib.machinery import ModuleSpec
 
         return ModuleSpec(fullname, _AliasLoader(module))

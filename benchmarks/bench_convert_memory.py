@@ -20,8 +20,8 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 import mlx.core as mx
-from mlx_voicechat.convert import convert
-import mlx_voicechat.model, mlx_lm.models.nemotron_h, transformers, safetensors  # imports first
+from mlx_voicechat.weights.convert import convert
+import mlx_voicechat.nemotron_voicechat, mlx_lm.models.nemotron_h, transformers, safetensors  # imports first
 def hwm_mib():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
@@ -43,17 +43,22 @@ def write_source(folder: Path, hidden: int) -> None:
     import mlx.core as mx
 
     from mlx_voicechat.config import VoiceChatConfig
-    from mlx_voicechat.factory import build_tokenizer, nemo_config, random_weights, scale_config
-    from mlx_voicechat.model import Model
-    from mlx_voicechat.sanitize import conv_transpose_keys, to_torch_layout
-    from mlx_voicechat.writer import save_safetensors, write_json, write_rnnt_tokenizer
+    from mlx_voicechat.weights.factory import (
+        build_tokenizer,
+        nemo_config,
+        random_weights,
+        scale_config,
+    )
+    from mlx_voicechat.model import VoiceChatModel
+    from mlx_voicechat.weights.sanitize import conv_transpose_keys, to_torch_layout
+    from mlx_voicechat.weights.writer import save_safetensors, write_json, write_rnnt_tokenizer
 
     d = scale_config("medium").to_dict()
     d["text_config"].update(hidden_size=hidden, intermediate_size=2 * hidden)
     d["audio_config"]["output_dim"] = hidden
     config = VoiceChatConfig.from_dict(d)
     tok = build_tokenizer(config.text_args.vocab_size)
-    model = Model(config)
+    model = VoiceChatModel(config)
     weights = random_weights(model, config, tok, seed=0)
     tmp = folder.with_name(folder.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ CHILD = r"""
 import json, resource, sys, time
 import mlx.core as mx
 import mlx_voicechat
-from mlx_voicechat.checkpoint import load
-import mlx_voicechat.model, mlx_lm.models.nemotron_h, transformers  # import cost out of the way
+from mlx_voicechat import load
+import mlx_voicechat.nemotron_voicechat, mlx_lm.models.nemotron_h, transformers  # import cost out of the way
 def rss_mib():
     # VmHWM (the RSS high-water mark) starts afresh at exec; ru_maxrss may carry the parent's.
     for line in open("/proc/self/status"):

@@ -164,7 +164,7 @@ def _profile_ours(model, audio) -> dict:
     """The same frame loop with an eval barrier after each piece (ours: public pieces)."""
     import mlx.core as mx
 
-    from mlx_voicechat import duplex
+    from mlx_voicechat.runtime import duplex
 
     acc = {}
 

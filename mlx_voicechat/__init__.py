@@ -5,14 +5,21 @@ __version__ = "0.1.0"
 __all__ = ["load", "Model", "VoiceChatConfig", "__version__"]
 
 
+def load(path_or_hub_id, *, tokenizer=None, lazy: bool = False, revision=None):
+    """Load a VoiceChat checkpoint (a local folder in any supported layout, or a Hugging Face
+    hub id) as a :class:`mlx_voicechat.Model`; see :func:`mlx_voicechat.weights.loading.load`."""
+    from .nemotron_voicechat import Model
+    from .weights.loading import load as load_checkpoint
+
+    return load_checkpoint(
+        path_or_hub_id, tokenizer=tokenizer, lazy=lazy, revision=revision, model_class=Model
+    )
+
+
 def __getattr__(name):
     # Keep `import mlx_voicechat` cheap: mlx is imported only when something is used.
-    if name == "load":
-        from .checkpoint import load
-
-        return load
     if name == "Model":
-        from .model import Model
+        from .nemotron_voicechat import Model
 
         return Model
     if name == "VoiceChatConfig":

@@ -1,27 +1,27 @@
-"""The whole VoiceChat model: the parameter tree both ecosystem loaders build and fill.
+"""The whole VoiceChat model's parameter tree, composed of the networks in :mod:`mlx_voicechat.nets`.
 
 Parameter names are the checkpoint's key names (``stt_model.*``, ``tts_model.*``) in MLX
-layout; :mod:`mlx_voicechat.sanitize` maps NeMo / PyTorch layouts onto them.
+layout; :mod:`mlx_voicechat.weights.sanitize` maps NeMo / PyTorch layouts onto them. The
+user-facing class, with the loader hooks and the runtime methods, is
+:class:`mlx_voicechat.nemotron_voicechat.Model`; this module imports neither weights/ nor
+runtime/.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import sanitize as rules
-from .codec import AudioCodec
 from .config import VoiceChatConfig
 from .errors import CheckpointError
-from .layout import use_cpu_layout
-from .llm import FusedNemotronH
-from .perception import Perception
-from .rnnt import RNNTDecoder, RNNTJoint
-from .tts import EarTTS
+from .nets.codec import AudioCodec
+from .nets.llm import FusedNemotronH
+from .nets.perception import Perception
+from .nets.rnnt import RNNTDecoder, RNNTJoint
+from .nets.tts import EarTTS
 
 
 class STTModel(nn.Module):
@@ -61,7 +61,10 @@ class SpeechModel(nn.Module):
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
 
 
-class Model(nn.Module):
+class VoiceChatModel(nn.Module):
+    """The parameter tree of the whole model: listening and thinking (``stt_model``) and
+    speaking (``tts_model``), plus the tokenizer and RNNT vocabulary once they are attached."""
+
     def __init__(self, config: VoiceChatConfig):
         super().__init__()
         if isinstance(config, dict):
@@ -74,85 +77,16 @@ class Model(nn.Module):
         self.tokenizer = None
         self.rnnt_vocabulary = list(config.rnnt_vocabulary)
 
-    # --- loading ----------------------------------------------------------------------
-
-    def sanitize(self, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
-        """NeMo / PyTorch layouts to ours; pure in its result and safe to run twice.
-
-        It also remembers which keys (and shapes) the checkpoint provided, so that
-        ``post_load_hook`` can tell a non-strict loader's silently missing or misshaped tensors
-        from loaded ones.
-        """
-        out = rules.sanitize(weights, rules.expected_shapes(self), rules.conv_transpose_keys(self))
-        self._checkpoint_keys = {k: tuple(v.shape) for k, v in out.items()}
-        return out
-
     def load_weights(self, file_or_weights, strict: bool = True):
         if strict and not isinstance(file_or_weights, str):
             file_or_weights = list(file_or_weights)
             check_weights(self, dict(file_or_weights))
         return super().load_weights(file_or_weights, strict=strict)
 
-    @staticmethod
-    def post_load_hook(model: "Model", model_path) -> "Model":
-        """mlx-audio loads non-strictly: verify here that every parameter was in the checkpoint
-        with its shape, then attach the tokenizer and RNNT vocabulary from the checkpoint
-        folder."""
-        from .checkpoint import attach_assets
-
-        provided = model._checkpoint_keys
-        if provided is None:
-            raise CheckpointError(
-                "the weights were loaded without Model.sanitize; cannot verify the checkpoint"
-            )
-        check_shapes(expected_shapes(model), provided)
-        attach_assets(model, Path(model_path))
-        use_cpu_layout(model)
-        return model
-
     def setup_tokenizer(self, tokenizer) -> None:
         """Attach the LLM tokenizer and build the character tables EAR-TTS derives from it."""
         self.tokenizer = tokenizer
         self.tts_model.tts_model.set_vocabulary(tokenizer)
-
-    # --- listening ----------------------------------------------------------------------
-
-    def transcribe(self, audio, *, source_rate: Optional[int] = None, chunk_size=None):
-        """The user's words via the RNNT head: text, token ids, frame indices, language."""
-        from .transcribe import transcribe
-
-        use_cpu_layout(self)
-        stt = self.stt_model
-        return transcribe(
-            stt.perception,
-            stt.rnnt_decoder,
-            stt.rnnt_joint,
-            self.rnnt_vocabulary,
-            self.config.rnnt_blank_id,
-            self.config.audio_config.max_symbols,
-            audio,
-            source_rate=source_rate,
-            chunk_size=chunk_size,
-        )
-
-    # --- the duplex loop ------------------------------------------------------------------
-
-    def generate(self, audio, system_prompt=None, extra_decoding_seconds=3.0, seed=0, **kwargs):
-        """Offline speech-to-speech: see :func:`mlx_voicechat.duplex.generate`.
-
-        Generic options of ``python -m mlx_audio.sts.generate`` are accepted too: ``sample_rate``
-        is the rate of an array ``audio``; options that do not apply to this model (sampling
-        temperature, voices, ...) are ignored with a one-line warning; anything else is a
-        GenerationError."""
-        from .duplex import GenerationError, generate
-
-        if self.tokenizer is None:
-            raise GenerationError(
-                "this model has no tokenizer attached: call model.setup_tokenizer(tokenizer) "
-                "(mlx_lm.load returns one), or load the model with mlx_voicechat.load(path)"
-            )
-        kwargs = _generate_options(kwargs, GenerationError)
-        return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
 
     @property
     def layers(self):
@@ -171,51 +105,10 @@ class Model(nn.Module):
         )
 
 
-GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress")
-# Options of mlx-audio's generic STS command line that this model has no use for: the LLM is
-# greedy and the speech sampling is fixed by the checkpoint; there is one voice.
-IGNORED_OPTIONS = (
-    "temperature",
-    "audio_temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "no_repeat_ngram_size",
-    "voice",
-    "verbose",
-)
-
-
-def _generate_options(kwargs: Dict[str, Any], error: type) -> Dict[str, Any]:
-    """``generate``'s keyword options, with mlx-audio's generic ones mapped or dropped."""
-    import warnings
-
-    kwargs = dict(kwargs)
-    if "sample_rate" in kwargs:
-        rate = kwargs.pop("sample_rate")
-        if kwargs.get("source_rate") not in (None, rate):
-            raise error(f"sample_rate={rate} and source_rate={kwargs['source_rate']} disagree")
-        kwargs["source_rate"] = rate
-    ignored = sorted(k for k in kwargs if k in IGNORED_OPTIONS)
-    if ignored:
-        warnings.warn(
-            "NemotronLabs VoiceChat ignores " + ", ".join(ignored) + " (greedy text, the "
-            "checkpoint's own speech sampling, one voice)",
-            stacklevel=3,
-        )
-    unknown = sorted(k for k in kwargs if k not in GENERATE_OPTIONS and k not in IGNORED_OPTIONS)
-    if unknown:
-        raise error(
-            f"generate() got an option it does not know: {unknown[0]}; it takes audio, "
-            "system_prompt, extra_decoding_seconds, seed and " + ", ".join(GENERATE_OPTIONS)
-        )
-    return {k: v for k, v in kwargs.items() if k in GENERATE_OPTIONS}
-
-
-def expected_shapes(model: "Model") -> Dict[str, Tuple[int, ...]]:
+def expected_shapes(model: "VoiceChatModel") -> Dict[str, Tuple[int, ...]]:
     """The parameter shapes ``model``'s config and quantization call for, whatever was loaded
     into it: a fresh, never evaluated copy of the parameter tree, quantized like ``model``."""
-    fresh = Model(model.config)
+    fresh = VoiceChatModel(model.config)
     quantized = {
         name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
         for name, m in model.named_modules()

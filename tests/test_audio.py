@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mlx_voicechat.audio import AudioError, load_audio, save_wav
+from mlx_voicechat.runtime.audio import AudioError, load_audio, save_wav
 
 RATE = 16000
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from mlx_voicechat.char_encoder import CharAwareSubwordEncoder, build_char_table
 from mlx_voicechat.config import TTSConfig
-from mlx_voicechat.sanitize import sanitize_module
+from mlx_voicechat.nets.char_encoder import CharAwareSubwordEncoder, build_char_table
+from mlx_voicechat.weights.sanitize import sanitize_module
 
 ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 PREFIX = "tts_model.tts_model.embed_subword."

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_voicechat.codec import AudioCodec, replace_control_codes
 from mlx_voicechat.config import CodecConfig, VoiceChatConfig
-from mlx_voicechat.sanitize import expected_shapes, sanitize_module
+from mlx_voicechat.nets.codec import AudioCodec, replace_control_codes
+from mlx_voicechat.weights.sanitize import expected_shapes, sanitize_module
 
 ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 PREFIX = "tts_model.audio_codec."

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from oracle_utils import ORACLE, replay_04
 
-from mlx_voicechat import load, writer
+from mlx_voicechat import load
 from mlx_voicechat.cli import main
-from mlx_voicechat.convert import ConversionError, convert
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.factory import make_checkpoint
+from mlx_voicechat.weights import writer
+from mlx_voicechat.weights.convert import ConversionError, convert
 
 LAYOUTS = ORACLE / "layouts"
 

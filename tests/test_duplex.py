@@ -10,8 +10,8 @@ import pytest
 from oracle_utils import ORACLE, replay_04
 
 from mlx_voicechat import load
-from mlx_voicechat.duplex import duplex_step, listen, start_session, warmup_codes
 from mlx_voicechat.noise import KeyNoise
+from mlx_voicechat.runtime.duplex import duplex_step, listen, start_session, warmup_codes
 
 SPF = 1764  # samples per 80 ms frame at 22.05 kHz
 

@@ -8,9 +8,10 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
-from mlx_voicechat import layout, load
-from mlx_voicechat.duplex import generate, run_frames, start_session
-from mlx_voicechat.llm import FusedNemotronH
+from mlx_voicechat import load
+from mlx_voicechat.nets import layout
+from mlx_voicechat.nets.llm import FusedNemotronH
+from mlx_voicechat.runtime.duplex import generate, run_frames, start_session
 
 
 def _params(model):
@@ -139,7 +140,7 @@ def test_pipelined_loop_without_prompt_equals_unpipelined(tiny_pair, monkeypatch
     fast, _ = tiny_pair
     frames = mx.random.normal((1, 7, fast.config.text_args.hidden_size), key=mx.random.key(4))
     a, _ = run_frames(fast, start_session(fast, [], seed=1), frames)
-    import mlx_voicechat.duplex as duplex
+    import mlx_voicechat.runtime.duplex as duplex
 
     monkeypatch.setattr(duplex, "LOOKAHEAD", 1)
     monkeypatch.setattr(duplex, "speech_stream", lambda: mx.default_stream(mx.default_device()))

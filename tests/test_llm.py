@@ -9,7 +9,7 @@ from oracle_utils import ORACLE, strip_prefix
 
 from mlx_voicechat.config import VoiceChatConfig
 from mlx_voicechat.model import STTModel
-from mlx_voicechat.sanitize import sanitize_module
+from mlx_voicechat.weights.sanitize import sanitize_module
 
 TOL = 1e-4
 

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from mlx_voicechat import load
 from mlx_voicechat.config import ConfigError, VoiceChatConfig
 from mlx_voicechat.errors import CheckpointError
-from mlx_voicechat.model import Model
+from mlx_voicechat.nemotron_voicechat import Model
 
 LAYOUTS = ["mlx-community-f32", "mlx-community-4bit", "mlx-audio-f32", "mlx-audio-4bit"]
 

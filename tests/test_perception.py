@@ -8,7 +8,7 @@ import pytest
 from oracle_utils import ORACLE, load_module, strip_prefix
 
 from mlx_voicechat.config import AudioConfig, EncoderConfig, PreprocessorConfig, VoiceChatConfig
-from mlx_voicechat.perception import FastConformer, Perception, context_mask
+from mlx_voicechat.nets.perception import FastConformer, Perception, context_mask
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat import load
-from mlx_voicechat.duplex import duplex_step, prompt_ids, run_frames, start_session
+from mlx_voicechat.runtime.duplex import duplex_step, prompt_ids, run_frames, start_session
 
 SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
 

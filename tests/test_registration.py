@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(code, env_extra=None, python=sys.executable, cwd=None, pythonpath=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_VOICECHAT")}
-    env.pop("PYTHONPATH", None)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    # The editable-install tests import this checkout (a git worktree of the installed one
+    # included); the wheel tests pass the wheel's dependency folder instead.
+    env["PYTHONPATH"] = pythonpath or str(ROOT)
     env.update(env_extra or {})
     r = subprocess.run(
         [python, "-c", textwrap.dedent(code)],
@@ -35,7 +35,7 @@ MLX_LM = """
     import sys
     import mlx_lm
     model, tokenizer = mlx_lm.load({path!r})
-    assert type(model).__module__ == "mlx_voicechat.model", type(model).__module__
+    assert type(model).__module__ == "mlx_voicechat.nemotron_voicechat", type(model).__module__
     assert tokenizer.encode("hello")
     import mlx_lm.models.nemotron_voicechat as m
     print("OK", m.__name__, m.__spec__.name, sys.modules["mlx_lm.models.nemotron_voicechat"].__file__)
@@ -84,7 +84,7 @@ def test_mlx_lm_text_generation_fails_clearly(tiny_checkpoints):
 
 def test_mlx_audio_load_model_uses_plugin(tiny_checkpoints):
     out = run(MLX_AUDIO.format(path=str(tiny_checkpoints["nvidia"])))
-    assert "MODULE mlx_voicechat.model" in out
+    assert "MODULE mlx_voicechat.nemotron_voicechat" in out
 
 
 def test_override_off_lets_builtin_win(tiny_checkpoints):
@@ -178,6 +178,6 @@ def test_wheel_install_registers(wheel_python, tiny_checkpoints):
     )
     assert f"{site}/mlx_voicechat/nemotron_voicechat.py" in out
     out = run(MLX_AUDIO.format(path=str(tiny_checkpoints["nvidia"])), python=py, pythonpath=deps)
-    assert "MODULE mlx_voicechat.model" in out
+    assert "MODULE mlx_voicechat.nemotron_voicechat" in out
     out = run("import sys; print('mlx' in sys.modules)", python=py, pythonpath=deps)
     assert out.strip() == "False"

@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 from oracle_utils import ORACLE, load_module, strip_prefix
 
-from mlx_voicechat.audio import AudioError
+from mlx_voicechat.cli import transcribe as transcribe_verb
 from mlx_voicechat.config import AudioConfig, VoiceChatConfig
-from mlx_voicechat.perception import Perception
-from mlx_voicechat.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
-from mlx_voicechat.transcribe import (
-    TranscriptResult,
-    add_transcribe_parser,
-    run_transcribe,
-    transcribe,
-)
+from mlx_voicechat.nets.perception import Perception
+from mlx_voicechat.nets.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
+from mlx_voicechat.runtime.audio import AudioError
+from mlx_voicechat.runtime.transcribe import TranscriptResult, transcribe
 
 NVIDIA = ORACLE / "nvidia-layout"
 
@@ -221,10 +217,10 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
             )
 
     parser = argparse.ArgumentParser(prog="mlx-voicechat")
-    add_transcribe_parser(parser.add_subparsers(dest="command"))
+    transcribe_verb.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["transcribe", "--model", "m", "--audio", str(wav), "--benchmark"])
     loaded = []
-    assert run_transcribe(args, lambda path: loaded.append(path) or Model()) == 0
+    assert transcribe_verb.run(args, lambda path: loaded.append(path) or Model()) == 0
     out = capsys.readouterr().out.splitlines()
     assert loaded == ["m"] and out[0] == str(io["rnnt_text"])
     for label in ("audio:", "mel:", "encoder:", "decode:", "RTF:"):
@@ -235,4 +231,4 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
     )
     # The CLI's main() turns the AudioError into one line and exit code 2 (tests/test_cli.py).
     with pytest.raises(AudioError, match="audio file not found"):
-        run_transcribe(args, lambda path: pytest.fail("loads no model for bad audio"))
+        transcribe_verb.run(args, lambda path: pytest.fail("loads no model for bad audio"))

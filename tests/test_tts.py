@@ -9,9 +9,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from mlx_voicechat.config import VoiceChatConfig
+from mlx_voicechat.nets.tts import EarTTS, MoGHead, top_p_filter
 from mlx_voicechat.noise import KeyNoise, ReplayNoise
-from mlx_voicechat.sanitize import sanitize_module
-from mlx_voicechat.tts import EarTTS, MoGHead, top_p_filter
+from mlx_voicechat.weights.sanitize import sanitize_module
 
 ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 TOL = 1e-4
@@ -119,7 +119,7 @@ def _run_steps(model, io, host_ids, monkeypatch):
 
 @pytest.mark.parametrize("host_ids", [True, False], ids=["host-ids", "device-ids"])
 def test_warmup_and_steps_match_nemo(model, io, weights, host_ids, monkeypatch):
-    from mlx_voicechat.codec import replace_control_codes
+    from mlx_voicechat.nets.codec import replace_control_codes
 
     run = _run_steps(model, io, host_ids, monkeypatch)
     warm_hidden, step_in, step_hidden, codes, calls, noise = run

@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
-from .errors import VoiceChatError
+from ..config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
+from ..errors import VoiceChatError
 
 MAX_SHARD_BYTES = 5 << 30  # 5 GiB, mlx-lm's and mlx-vlm's shard limit
 INDEX_NAME = "model.safetensors.index.json"

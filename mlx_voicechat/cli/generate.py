@@ -6,13 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from .audio import load_audio
-from .duplex import GenerationError
-
 PROGRESS_MIN_FRAMES = 50  # 4 s of timeline: shorter runs print no progress bar
 
 
-def add_generate_parser(subparsers):
+def add_parser(subparsers):
     p = subparsers.add_parser(
         "generate",
         help="answer a spoken question with text and speech",
@@ -31,7 +28,7 @@ def add_generate_parser(subparsers):
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
-    p.set_defaults(func=run_generate)
+    p.set_defaults(func=run)
     return p
 
 
@@ -55,8 +52,10 @@ class _Progress:
             self.bar.close()
 
 
-def run_generate(args) -> int:
-    from .checkpoint import load
+def run(args) -> int:
+    from .. import load
+    from ..runtime.audio import load_audio
+    from ..runtime.duplex import GenerationError
 
     if args.extra_decoding_seconds < 0:
         raise GenerationError(

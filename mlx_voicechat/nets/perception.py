@@ -28,7 +28,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
     ConformerConvolution,
 )
 
-from .config import AudioConfig, ConfigError, EncoderConfig, PreprocessorConfig
+from ..config import AudioConfig, ConfigError, EncoderConfig, PreprocessorConfig
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
 DEFAULT_CHUNK_FRAMES = 256

@@ -1,6 +1,6 @@
 """Loading a VoiceChat checkpoint in any supported layout.
 
-The layout is detected from what is on disk (see ``config.VoiceChatConfig.from_dict``):
+The layout is detected from what is on disk (see ``mlx_voicechat.config.VoiceChatConfig.from_dict``):
 
 * mlx-community: flat config, NeMo key names, PyTorch conv / LSTM layouts, sharded safetensors
   with an index, per-module ``quantization`` map, ``tokenizer.json``;
@@ -22,9 +22,10 @@ from typing import Any, Dict, List, Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import VoiceChatConfig
-from .errors import CheckpointError
-from .layout import use_cpu_layout
+from ..config import VoiceChatConfig
+from ..errors import CheckpointError
+from ..nets.layout import use_cpu_layout
+from .sanitize import sanitize_module
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]
 TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -291,6 +292,7 @@ def load(
     tokenizer=None,
     lazy: bool = False,
     revision: Optional[str] = None,
+    model_class: Optional[type] = None,
 ):
     """Load a VoiceChat checkpoint from a local folder or a Hugging Face hub id.
 
@@ -299,16 +301,20 @@ def load(
         tokenizer: a folder / hub id with ``tokenizer.json`` or a tokenizer object; needed for
             NVIDIA's raw release, which ships none.
         lazy: leave the weights unevaluated (they load on first use).
+        model_class: the class to build from the config (default: the parameter tree,
+            :class:`mlx_voicechat.model.VoiceChatModel`); :func:`mlx_voicechat.load` passes the
+            user-facing :class:`mlx_voicechat.nemotron_voicechat.Model`.
     """
-    from .model import Model
+    if model_class is None:
+        from ..model import VoiceChatModel as model_class
 
     folder = resolve_path(path_or_hub_id, revision=revision)
     raw = read_config(folder)
     raw["model_path"] = str(folder)
     config = VoiceChatConfig.from_dict(raw)
     files = weight_files(folder)
-    model = Model(config)
-    weights = model.sanitize(read_weights(files))
+    model = model_class(config)
+    weights = sanitize_module(model, read_weights(files))
     quantize_model(model, config.quantization, weights)
     model.load_weights(list(weights.items()), strict=True)
     del weights

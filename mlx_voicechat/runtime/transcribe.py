@@ -1,10 +1,10 @@
 """Transcription: audio -> log-mel -> FastConformer -> greedy RNNT -> text, with phase timings.
 
 ``transcribe`` takes the parts (perception, RNNT decoder and joint, vocabulary) so any model
-object can expose it; ``add_transcribe_parser`` / ``run_transcribe`` are the CLI verb
-``mlx-voicechat transcribe --model M --audio A [--benchmark]``. ``--benchmark`` prints the
-mel / encoder / decode milliseconds, the audio length and the real-time factor, like TensorRT
-Edge-LLM's ASR runtime.
+object can expose it; the CLI verb ``mlx-voicechat transcribe --model M --audio A
+[--benchmark]`` (:mod:`mlx_voicechat.cli.transcribe`) prints the text and, with
+``--benchmark``, the mel / encoder / decode milliseconds, the audio length and the real-time
+factor (:meth:`TranscriptTimings.report`), like TensorRT Edge-LLM's ASR runtime.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
+from ..nets.rnnt import decode_pieces, greedy_decode
 from .audio import INPUT_SAMPLE_RATE, load_audio
-from .rnnt import decode_pieces, greedy_decode
-
-WARMUP_SECONDS = 1.0  # audio run once before a benchmark, so kernel set-up is not timed
 
 
 @dataclass
@@ -109,46 +107,3 @@ def transcribe(
 
     timings = TranscriptTimings(mel_ms, encoder_ms, decode_ms, len(samples) / sample_rate, length)
     return TranscriptResult(text, tokens, frames, language, timings)
-
-
-# --- CLI verb ------------------------------------------------------------------------------------
-
-
-def add_transcribe_parser(subparsers):
-    p = subparsers.add_parser(
-        "transcribe",
-        help="transcribe speech with the model's RNNT head",
-        description="Print the transcript of an audio file (any rate, mono or stereo; "
-        "WAV, FLAC, MP3).",
-    )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
-    p.add_argument("--audio", required=True, help="audio file to transcribe")
-    p.add_argument(
-        "--benchmark",
-        action="store_true",
-        help="also print mel / encoder / decode milliseconds, audio seconds and RTF",
-    )
-    p.add_argument(
-        "--chunk-frames",
-        type=int,
-        default=None,
-        help="encoder frames (80 ms each) per chunk of the chunked encoder",
-    )
-    return p
-
-
-def run_transcribe(args, load_fn) -> int:
-    """``load_fn(path)`` returns a model whose ``transcribe(audio, chunk_size=...)`` returns a
-    :class:`TranscriptResult`. Prints the transcript (and the benchmark); returns the exit code."""
-    samples = load_audio(args.audio)  # a bad file fails before the model loads
-    model = load_fn(args.model)
-    chunk = getattr(args, "chunk_frames", None)
-    if args.benchmark:
-        model.transcribe(samples[: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
-    result = model.transcribe(samples, chunk_size=chunk)
-    print(result.text)
-    if result.language:
-        print(f"language: {result.language}")
-    if args.benchmark and result.timings is not None:
-        print(result.timings.report(len(result.tokens)))
-    return 0

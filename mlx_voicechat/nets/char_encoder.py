@@ -21,7 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
-from .config import CharEncoderConfig
+from ..config import CharEncoderConfig
 
 
 class OffsetRMSNorm(gemma3_text.RMSNorm):

@@ -23,8 +23,12 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..config import VoiceChatConfig
+from ..errors import CheckpointError, VoiceChatError
+from ..files import current_umask
+from ..model import check_shapes
 from . import sanitize as rules
-from .checkpoint import (
+from .loading import (
     TOKENIZER_PATTERNS,
     check_group_size,
     check_rnnt_vocabulary,
@@ -32,10 +36,6 @@ from .checkpoint import (
     resolve_path,
     weight_files,
 )
-from .audio import current_umask
-from .config import VoiceChatConfig
-from .errors import CheckpointError, VoiceChatError
-from .model import check_shapes
 from .writer import (
     MAX_SHARD_BYTES,
     TensorSpec,
@@ -255,7 +255,7 @@ def convert(
         max_shard_bytes: largest shard (tests force several shards with a small value).
     """
     _check_options(dtype, quantize, group_size, quantize_tts)
-    from .model import Model
+    from ..model import VoiceChatModel
 
     folder = resolve_path(source, revision=revision)
     given = output
@@ -284,7 +284,8 @@ def convert(
         raise ConversionError(f"{tok_dir} has no tokenizer.json; {hint}")
     vocabulary = check_rnnt_vocabulary(config, folder)
 
-    model = Model(config)  # parameters stay unevaluated: only shapes and module types are read
+    # Parameters stay unevaluated: only shapes and module types are read.
+    model = VoiceChatModel(config)
     quant = (
         quantization_map(model, quantize, group_size, quantize_tts)
         if (quantize or quantize_tts)
@@ -365,17 +366,18 @@ def _get_module(root: nn.Module, path: str):
 
 
 def tts_agreement(
-    output, source, *, seed: int = 0, seconds: float = SEED_AUDIO_SECONDS
+    output, source, model_class, *, seed: int = 0, seconds: float = SEED_AUDIO_SECONDS
 ) -> Tuple[float, int]:
     """Fraction of speech codes the converted model (8-bit TTS) shares with the same model whose
     TTS matrices are the source's float weights, on a fixed synthetic input and seed; returns
-    (fraction, number of codes compared)."""
+    (fraction, number of codes compared). ``model_class`` is the class to load (one with
+    ``generate``: :class:`mlx_voicechat.Model`)."""
     import numpy as np
 
-    from .checkpoint import load
+    from .loading import load
 
-    quantized = load(output)
-    reference = load(output)
+    quantized = load(output, model_class=model_class)
+    reference = load(output, model_class=model_class)
     tts = [k for k in listed_modules(quantized.config.quantization) if k.startswith("tts_model.")]
     folder = resolve_path(source)
     src = _Source(folder, VoiceChatConfig.from_dict(read_config(folder)))
@@ -402,64 +404,3 @@ def tts_agreement(
     b = reference.generate(wave, extra_decoding_seconds=0.0, seed=seed)
     same = float(np.mean(a.codes == b.codes))
     return same, int(a.codes.size)
-
-
-# --- CLI --------------------------------------------------------------------------------
-
-
-def add_convert_parser(subparsers):
-    p = subparsers.add_parser(
-        "convert",
-        help="convert a checkpoint to the mlx-community layout (bf16, 8-bit, 4-bit)",
-        description="Convert NVIDIA's raw release, an mlx-community or an mlx-audio checkpoint "
-        "to the mlx-community layout, streaming one tensor at a time.",
-    )
-    p.add_argument("--source", required=True, help="source checkpoint folder or hub id")
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="folder or hub id with tokenizer.json (NVIDIA's release has none)",
-    )
-    p.add_argument("--output", required=True, help="output folder (must not exist)")
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument(
-        "--quantize",
-        type=int,
-        choices=[4, 8],
-        default=None,
-        help="quantize the LLM, embedding and heads to this many bits",
-    )
-    p.add_argument("--group-size", type=int, default=64, choices=[32, 64, 128])
-    p.add_argument(
-        "--quantize-tts",
-        type=int,
-        choices=[8],
-        default=None,
-        help="also quantize the TTS backbone and MoG head (8 bits)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_convert)
-    return p
-
-
-def run_convert(args) -> int:
-    out = convert(
-        args.source,
-        args.output,
-        tokenizer=args.tokenizer,
-        dtype=args.dtype,
-        quantize=args.quantize,
-        group_size=args.group_size,
-        quantize_tts=args.quantize_tts,
-        progress=not args.quiet,
-    )
-    q = json.loads((out / "config.json").read_text()).get("quantization") or {}
-    n = len(listed_modules(q))
-    print(f"wrote {out} ({args.dtype}" + (f", {n} quantized modules" if n else "") + ")")
-    if args.quantize_tts:
-        same, total = tts_agreement(out, args.source)
-        print(
-            f"8-bit TTS picks the same speech codes as the unquantized TTS for {same:.1%} of "
-            f"{total} codes (fixed {SEED_AUDIO_SECONDS} s input, seed 0)"
-        )
-    return 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 MODEL_TYPE = "nemotron_voicechat"
 SPEAKER = "Aria"

@@ -25,12 +25,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 import numpy as np
 
+from ..errors import VoiceChatError
+from ..nets.codec import replace_control_codes
+from ..nets.layout import use_cpu_layout
+from ..nets.rnnt import decode_pieces, greedy_decode
+from ..noise import KeyNoise, NoiseSource
 from .audio import AudioError, load_audio, save_wav
-from .codec import replace_control_codes
-from .errors import VoiceChatError
-from .layout import use_cpu_layout
-from .noise import KeyNoise, NoiseSource
-from .rnnt import decode_pieces, greedy_decode
 
 
 class GenerationError(VoiceChatError, ValueError):

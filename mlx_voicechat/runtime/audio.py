@@ -16,7 +16,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .errors import VoiceChatError
+from ..errors import VoiceChatError
+from ..files import current_umask
 
 INPUT_SAMPLE_RATE = 16000  # Hz, the listening path's rate
 MAX_CHANNELS = 8  # a 2-D array whose first axis is at most this long may be channels-first
@@ -197,21 +198,6 @@ def load_audio(
 
         samples = resample_audio_array(samples, rate, sample_rate)
     return np.ascontiguousarray(samples, dtype=np.float32)
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where the OS allows (``os.umask`` sets it
-    for every thread while it is read)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return umask
 
 
 def _same_file(a, b) -> bool:

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
 from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNetwork
 
-from .config import RNNTDecoderConfig, RNNTJointConfig
+from ..config import RNNTDecoderConfig, RNNTJointConfig
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
 LOOKAHEAD_FRAMES = 16

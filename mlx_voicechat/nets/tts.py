@@ -23,10 +23,10 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from ..config import MoGHeadConfig, TTSConfig
+from ..noise import NoiseSource
 from .char_encoder import CharAwareSubwordEncoder, OffsetRMSNorm
-from .config import MoGHeadConfig, TTSConfig
 from .layout import keep_row_major
-from .noise import NoiseSource
 
 TextId = Union[int, np.integer, mx.array]
 

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning, stft
 
-from .config import CodecConfig
+from ..config import CodecConfig
 
 MAX_MAGNITUDE = 100.0  # NeMo's soft ceiling on the decoder's linear STFT magnitude
 NORM_EPS = 1e-6  # ConvNeXt channel LayerNorm
