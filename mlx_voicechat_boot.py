@@ -9,6 +9,12 @@ read once, on the first lookup of such a name, and mlx is never imported here.
 
 ``MLX_VOICECHAT_DISABLE=1`` installs nothing; ``MLX_VOICECHAT_OVERRIDE=0`` lets a built-in
 module of the same name win over the plugin.
+
+When ``mlx_lm.utils`` is imported, two of its functions get a thin wrapper (nothing else of
+mlx-lm is touched): ``load_config`` refuses NVIDIA's raw VoiceChat release (a NeMo config
+without ``model_type``, which mlx-lm cannot read) with one clear line instead of a bare
+``KeyError``, and ``load_model`` hands a VoiceChat model its tokenizer and RNNT vocabulary
+(``Model.post_load_hook``), so that a model from ``mlx_lm.load`` can ``generate``.
 """
 
 import os
@@ -43,6 +49,65 @@ class _AliasLoader:
         module.__spec__ = self._spec
 
 
+class _PatchingLoader:
+    """A module's own loader, with ``patch(module)`` run after the module has executed."""
+
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        self._patch(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def _is_nvidia_voicechat(config):
+    model = config.get("model") if isinstance(config, dict) else None
+    return (
+        "model_type" not in config
+        and isinstance(model, dict)
+        and "stt" in model
+        and "speech_generation" in model
+    )
+
+
+def _patch_mlx_lm_utils(utils):
+    load_config, load_model = utils.load_config, utils.load_model
+
+    def voicechat_load_config(model_path, *args, **kwargs):
+        config = load_config(model_path, *args, **kwargs)
+        if _is_nvidia_voicechat(config):
+            raise ValueError(
+                f"{model_path} is NVIDIA's raw NemotronLabs VoiceChat release (a NeMo config "
+                "without model_type), which mlx_lm.load cannot read: use "
+                "mlx_voicechat.load(path, tokenizer=...), or convert it first with "
+                f"`mlx-voicechat convert --source {model_path} --output <folder> --tokenizer "
+                "nvidia/NVIDIA-Nemotron-Nano-9B-v2`"
+            )
+        return config
+
+    def voicechat_load_model(model_path, *args, **kwargs):
+        model, config = load_model(model_path, *args, **kwargs)
+        if type(model).__module__.startswith("mlx_voicechat"):
+            model.post_load_hook(model, model_path)
+        return model, config
+
+    voicechat_load_config.__wrapped__ = load_config
+    voicechat_load_model.__wrapped__ = load_model
+    voicechat_load_model.__doc__ = load_model.__doc__
+    voicechat_load_config.__doc__ = load_config.__doc__
+    utils.load_config, utils.load_model = voicechat_load_config, voicechat_load_model
+
+
+_PATCHES = {"mlx_lm.utils": _patch_mlx_lm_utils}
+
+
 class PluginFinder:
     """Resolves ``mlx_lm.models.X`` / ``mlx_audio.K.models.X`` to entry-point modules."""
 
@@ -74,7 +139,20 @@ class PluginFinder:
                 continue
         return False
 
+    def _patched_spec(self, fullname, path, target):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, _PATCHES[fullname])
+                return spec
+        return None
+
     def find_spec(self, fullname, path=None, target=None):
+        if fullname in _PATCHES:
+            return self._patched_spec(fullname, path, target)
         found = _group_and_rest(fullname)
         if found is None:
             return None

@@ -73,7 +73,7 @@ class VoiceChatModel(nn.Module):
         self.model_type = config.model_type
         self.stt_model = STTModel(config)
         self.tts_model = SpeechModel(config)
-        self._checkpoint_keys: Optional[frozenset] = None
+        self._checkpoint_keys: Optional[Dict[str, Tuple[int, ...]]] = None  # key -> shape
         self.tokenizer = None
         self.rnnt_vocabulary = list(config.rnnt_vocabulary)
 
@@ -103,6 +103,20 @@ class VoiceChatModel(nn.Module):
             "`python -m mlx_audio.sts.generate --model M --audio question.wav`, or "
             "`mlx_voicechat.load(M).generate('question.wav')`."
         )
+
+
+def expected_shapes(model: "VoiceChatModel") -> Dict[str, Tuple[int, ...]]:
+    """The parameter shapes ``model``'s config and quantization call for, whatever was loaded
+    into it: a fresh, never evaluated copy of the parameter tree, quantized like ``model``."""
+    fresh = VoiceChatModel(model.config)
+    quantized = {
+        name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+        for name, m in model.named_modules()
+        if hasattr(m, "scales") and hasattr(m, "group_size")
+    }
+    if quantized:
+        nn.quantize(fresh, class_predicate=lambda p, m: quantized.get(p, False))
+    return {k: tuple(v.shape) for k, v in tree_flatten(fresh.parameters())}
 
 
 def check_weights(model: nn.Module, weights: Mapping[str, Any]) -> None:

@@ -10,13 +10,13 @@ runtime methods (``transcribe``, ``generate``, from :mod:`mlx_voicechat.runtime`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import mlx.core as mx
 
 from .config import ModelArgs, ModelConfig, VoiceChatConfig
 from .errors import CheckpointError
-from .model import VoiceChatModel, check_weights
+from .model import VoiceChatModel, check_shapes, expected_shapes
 from .nets.layout import use_cpu_layout
 from .weights.loading import attach_assets
 from .weights.sanitize import sanitize_module
@@ -37,23 +37,25 @@ class Model(VoiceChatModel):
     def sanitize(self, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
         """NeMo / PyTorch layouts to ours; pure in its result and safe to run twice.
 
-        It also remembers which keys the checkpoint provided, so that ``post_load_hook`` can
-        tell a non-strict loader's silently missing tensors from loaded ones.
+        It also remembers which keys (and shapes) the checkpoint provided, so that
+        ``post_load_hook`` can tell a non-strict loader's silently missing or misshaped tensors
+        from loaded ones.
         """
         out = sanitize_module(self, weights)
-        self._checkpoint_keys = frozenset(out)
+        self._checkpoint_keys = {k: tuple(v.shape) for k, v in out.items()}
         return out
 
     @staticmethod
     def post_load_hook(model: "Model", model_path) -> "Model":
-        """mlx-audio loads non-strictly: verify here that every parameter was in the checkpoint,
-        then attach the tokenizer and RNNT vocabulary from the checkpoint folder."""
+        """mlx-audio loads non-strictly: verify here that every parameter was in the checkpoint
+        with its shape, then attach the tokenizer and RNNT vocabulary from the checkpoint
+        folder."""
         provided = model._checkpoint_keys
         if provided is None:
             raise CheckpointError(
                 "the weights were loaded without Model.sanitize; cannot verify the checkpoint"
             )
-        check_weights(model, {k: None for k in provided})
+        check_shapes(expected_shapes(model), provided)
         attach_assets(model, Path(model_path))
         use_cpu_layout(model)
         return model
@@ -81,9 +83,21 @@ class Model(VoiceChatModel):
     # --- the duplex loop ------------------------------------------------------------------
 
     def generate(self, audio, system_prompt=None, extra_decoding_seconds=3.0, seed=0, **kwargs):
-        """Offline speech-to-speech: see :func:`mlx_voicechat.runtime.duplex.generate`."""
-        from .runtime.duplex import generate
+        """Offline speech-to-speech: see :func:`mlx_voicechat.runtime.duplex.generate`. A model
+        runs one call at a time, from any thread.
 
+        Generic options of ``python -m mlx_audio.sts.generate`` are accepted too: ``sample_rate``
+        is the rate of an array ``audio``; options that do not apply to this model (sampling
+        temperature, voices, ...) are ignored with a one-line warning; anything else is a
+        GenerationError."""
+        from .runtime.duplex import GenerationError, generate
+
+        if self.tokenizer is None:
+            raise GenerationError(
+                "this model has no tokenizer attached: call model.setup_tokenizer(tokenizer) "
+                "(mlx_lm.load returns one), or load the model with mlx_voicechat.load(path)"
+            )
+        kwargs = _generate_options(kwargs, GenerationError)
         return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
 
     def session(
@@ -101,3 +115,45 @@ class Model(VoiceChatModel):
         return Session(
             self, system_prompt, seed=seed, noise=noise, prompt=prompt, max_seconds=max_seconds
         )
+
+
+GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress")
+# Options of mlx-audio's generic STS command line that this model has no use for: the LLM is
+# greedy and the speech sampling is fixed by the checkpoint; there is one voice.
+IGNORED_OPTIONS = (
+    "temperature",
+    "audio_temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "no_repeat_ngram_size",
+    "voice",
+    "verbose",
+)
+
+
+def _generate_options(kwargs: Dict[str, Any], error: type) -> Dict[str, Any]:
+    """``generate``'s keyword options, with mlx-audio's generic ones mapped or dropped."""
+    import warnings
+
+    kwargs = dict(kwargs)
+    if "sample_rate" in kwargs:
+        rate = kwargs.pop("sample_rate")
+        if kwargs.get("source_rate") not in (None, rate):
+            raise error(f"sample_rate={rate} and source_rate={kwargs['source_rate']} disagree")
+        kwargs["source_rate"] = rate
+    ignored = sorted(k for k in kwargs if k in IGNORED_OPTIONS)
+    if ignored:
+        warnings.warn(
+            "NemotronLabs VoiceChat ignores " + ", ".join(ignored) + " (greedy text, the "
+            "checkpoint's own speech sampling, one voice)",
+            stacklevel=3,
+        )
+    unknown = sorted(k for k in kwargs if k not in GENERATE_OPTIONS and k not in IGNORED_OPTIONS)
+    if unknown:
+        raise error(
+            f"generate() got an option it does not know: {unknown[0]}; it takes audio, "
+            "system_prompt, extra_decoding_seconds, seed and " + ", ".join(GENERATE_OPTIONS)
+        )
+    return {k: v for k, v in kwargs.items() if k in GENERATE_OPTIONS}
+

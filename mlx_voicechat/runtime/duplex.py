@@ -15,6 +15,9 @@ never spoken: without a prompt, audio frame 0 gets the codec's silence codes.
 
 from __future__ import annotations
 
+import math
+import numbers
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -32,6 +35,44 @@ from .audio import AudioError, load_audio, save_wav
 
 class GenerationError(VoiceChatError, ValueError):
     """Arguments of a generation run that cannot be used."""
+
+
+MAX_SEED = 2**64 - 1  # MLX keys hold 64 bits
+
+
+def check_seed(seed) -> int:
+    """``seed`` as an int, or a GenerationError for anything MLX cannot key with."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+        raise GenerationError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
+    return int(seed)
+
+
+def check_extra_seconds(seconds) -> float:
+    """``extra_decoding_seconds`` as a float, or a GenerationError."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, numbers.Real)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise GenerationError(
+            f"extra_decoding_seconds must be a finite number >= 0, got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def check_prompt_ids(model, prompt) -> List[int]:
+    """Prompt ids as ints, each a row of the embedding table (``0 <= id < vocab_size``)."""
+    vocab = model.config.text_args.vocab_size
+    ids = []
+    for i in prompt:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < vocab:
+            raise GenerationError(
+                f"prompt id {i!r} is not a token id of this model: ids are integers from 0 to "
+                f"{vocab - 1} (the vocabulary has {vocab})"
+            )
+        ids.append(int(i))
+    return ids
 
 
 # --- session state ------------------------------------------------------------------------
@@ -80,6 +121,8 @@ def prompt_ids(model, system_prompt: Optional[str]) -> List[int]:
     """``[bos] + encode(prompt) + [eos]``, or no ids for an empty prompt (spec step 3)."""
     if not system_prompt:
         return []
+    if not isinstance(system_prompt, str):
+        raise GenerationError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
     if model.tokenizer is None:
         raise GenerationError("a system prompt needs the model's tokenizer; load it with one")
     ids = model.tokenizer.encode(system_prompt, add_special_tokens=False)
@@ -95,12 +138,16 @@ def start_session(
     prompt: Sequence[int] = (),
     noise: Optional[NoiseSource] = None,
     seed: int = 0,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> DuplexCache:
-    """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions."""
+    """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions
+    (``progress(done, total)`` after each of those steps)."""
     use_cpu_layout(model)
     cfg = model.config
     pad = cfg.pad_token_id
-    prompt = [int(i) for i in prompt]
+    prompt = check_prompt_ids(model, prompt)
+    if noise is None:
+        seed = check_seed(seed)
     limit = cfg.text_args.max_position_embeddings
     if len(prompt) >= limit:
         raise GenerationError(
@@ -119,9 +166,11 @@ def start_session(
         # Prompt ids enter on the audio channel; the text and function channels hold pad.
         prefix = _embed(model, prompt) + pad_row + w * pad_row
         silence = speech.codec_silence_tokens
-        for _ in range(1, len(prompt)):  # position 0 is never spoken
+        for i in range(1, len(prompt)):  # position 0 is never spoken
             previous, tts_cache = tts.step(pad, previous, tts_cache, noise, silence)
             mx.async_eval(previous)
+            if progress is not None:
+                progress(i, len(prompt) - 1)
     return DuplexCache(
         llm=model.stt_model.llm.make_cache(),
         tts=tts_cache,
@@ -170,17 +219,21 @@ def think(
 
 def speech_stream() -> mx.Stream:
     """The stream the TTS half of every frame runs on: a second stream on the default device,
-    one per process, so that a frame's speech runs beside the next frame's LLM (on the CPU, a
-    second core)."""
+    one per thread and device, so that a frame's speech runs beside the next frame's LLM (on
+    the CPU, a second core). MLX streams belong to the thread that made them, so each thread
+    that generates gets its own."""
     device = mx.default_device()
     key = str(device)
-    stream = _SPEECH_STREAMS.get(key)
+    streams = getattr(_SPEECH_STREAMS, "by_device", None)
+    if streams is None:
+        streams = _SPEECH_STREAMS.by_device = {}
+    stream = streams.get(key)
     if stream is None:
-        stream = _SPEECH_STREAMS[key] = mx.new_stream(device)
+        stream = streams[key] = mx.new_stream(device)
     return stream
 
 
-_SPEECH_STREAMS: dict = {}
+_SPEECH_STREAMS = threading.local()
 
 
 def speak(model, cache: DuplexCache, text_id: int, position: int) -> mx.array:
@@ -282,16 +335,30 @@ def reply_text(model, ids: Sequence[int]) -> str:
     return model.tokenizer.decode(keep, skip_special_tokens=False)
 
 
-def listen(model, audio, extra_decoding_seconds: float = 0.0, source_rate: Optional[int] = None):
-    """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F)."""
-    if extra_decoding_seconds is None or not np.isfinite(extra_decoding_seconds) or extra_decoding_seconds < 0:
-        raise GenerationError(
-            f"extra_decoding_seconds must be a finite number >= 0, got {extra_decoding_seconds}"
-        )
+def listen(
+    model,
+    audio,
+    extra_decoding_seconds: float = 0.0,
+    source_rate: Optional[int] = None,
+    max_frames: Optional[int] = None,
+):
+    """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
+
+    ``max_frames`` bounds the frames (audio + silence) before anything is allocated."""
+    extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
     use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
     pad = int(round(extra_decoding_seconds * rate))
+    if max_frames is not None:
+        # The encoder emits about one frame per input_samples_per_frame (one more at most).
+        frames = (len(samples) + pad) // model.config.input_samples_per_frame
+        if frames > max_frames + 1:
+            raise GenerationError(
+                f"the audio ({len(samples) / rate:.2f} s) and extra_decoding_seconds "
+                f"({extra_decoding_seconds:g} s) make about {frames} frames; with the system "
+                f"prompt the LLM's context has room for {max_frames}"
+            )
     if pad:
         samples = np.concatenate([samples, np.zeros(pad, dtype=np.float32)])
     projected, lengths, encoded = model.stt_model.perception(mx.array(samples)[None])
@@ -311,22 +378,34 @@ def generate(
     prompt: Optional[Sequence[int]] = None,
     source_rate: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    prompt_progress: Optional[Callable[[int, int], None]] = None,
 ) -> GenerationResult:
     """The offline timeline: ``audio`` (path or array) -> text, function text, codes, reply audio.
 
     ``prompt`` gives the system prompt as ids directly (``[bos] + ... + [eos]``) instead of
     ``system_prompt``; ``noise`` replaces the seeded noise source; ``progress(done, total)`` is
-    called after every frame."""
+    called after every frame, ``prompt_progress(done, total)`` after every TTS step over the
+    system prompt's positions. A model runs one call at a time, from any thread."""
     cfg = model.config
-    ids = list(prompt) if prompt is not None else prompt_ids(model, system_prompt)
-    projected, encoded, F = listen(model, audio, extra_decoding_seconds, source_rate)
+    if noise is None:
+        seed = check_seed(seed)
+    extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
+    if isinstance(prompt, (str, bytes)):
+        raise GenerationError("prompt= takes token ids; pass a text prompt as system_prompt=")
+    if prompt is not None:
+        ids = check_prompt_ids(model, prompt)
+    else:
+        ids = prompt_ids(model, system_prompt)
     limit = cfg.text_args.max_position_embeddings
+    projected, encoded, F = listen(
+        model, audio, extra_decoding_seconds, source_rate, max_frames=limit - len(ids)
+    )
     if len(ids) + F > limit:
         raise GenerationError(
             f"the system prompt ({len(ids)} tokens) and the audio ({F} frames) need "
             f"{len(ids) + F} positions; the LLM's context is {limit}"
         )
-    cache = start_session(model, ids, noise=noise, seed=seed)
+    cache = start_session(model, ids, noise=noise, seed=seed, progress=prompt_progress)
     outputs, cache = run_frames(model, cache, projected, progress)
     text_ids = [o.text_id for o in outputs]
     function_ids = [o.function_id for o in outputs]

@@ -25,9 +25,17 @@ import mlx.nn as nn
 
 from ..config import VoiceChatConfig
 from ..errors import CheckpointError, VoiceChatError
+from ..files import current_umask
 from ..model import check_shapes
 from . import sanitize as rules
-from .loading import TOKENIZER_PATTERNS, read_config, resolve_path, weight_files
+from .loading import (
+    TOKENIZER_PATTERNS,
+    check_group_size,
+    check_rnnt_vocabulary,
+    read_config,
+    resolve_path,
+    weight_files,
+)
 from .writer import (
     MAX_SHARD_BYTES,
     TensorSpec,
@@ -211,7 +219,7 @@ def _tokenizer_folder(tokenizer) -> Path:
     path = Path(tokenizer).expanduser()
     if path.is_file():
         return path.parent
-    return resolve_path(str(tokenizer), patterns=TOKENIZER_FILES)
+    return resolve_path(str(tokenizer), patterns=TOKENIZER_FILES, what="tokenizer folder")
 
 
 def _check_options(dtype, quantize, group_size, quantize_tts):
@@ -221,8 +229,7 @@ def _check_options(dtype, quantize, group_size, quantize_tts):
         raise ConversionError(f"--quantize must be 4 or 8, not {quantize!r}")
     if quantize_tts not in (None, 8):
         raise ConversionError(f"--quantize-tts must be 8, not {quantize_tts!r}")
-    if group_size not in (32, 64, 128):
-        raise ConversionError(f"--group-size must be 32, 64 or 128, not {group_size!r}")
+    check_group_size(group_size, "--group-size", ConversionError)
 
 
 def convert(
@@ -251,11 +258,19 @@ def convert(
     from ..model import VoiceChatModel
 
     folder = resolve_path(source, revision=revision)
-    output = Path(output).expanduser()
+    given = output
+    output = Path(os.path.abspath(Path(output).expanduser()))
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConversionError(f"output {output} already exists; remove it or pick another folder")
+        raise ConversionError(f"output {given} already exists; remove it or pick another folder")
     if output.resolve() == folder.resolve():
         raise ConversionError("the output folder must differ from the source folder")
+    if output.exists() and Path.cwd().resolve().is_relative_to(output.resolve()):
+        raise ConversionError(
+            f"output {given} is the current folder (or holds it); pick a new folder"
+        )
+    parent = next((p for p in output.parents if p.exists()), None)
+    if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConversionError(f"cannot write output {given}: no permission to write in {parent}")
     raw = read_config(folder)
     config = VoiceChatConfig.from_dict(raw)
     tok_dir = _tokenizer_folder(tokenizer) if tokenizer is not None else folder
@@ -267,12 +282,7 @@ def convert(
             else "pass a folder or hub id that has tokenizer.json"
         )
         raise ConversionError(f"{tok_dir} has no tokenizer.json; {hint}")
-    vocabulary = config.load_rnnt_vocabulary(folder)
-    if not vocabulary:
-        raise ConversionError(
-            f"{folder} has no RNNT vocabulary (config rnnt_vocabulary, "
-            "_rnnt_merge_info.joint_config.vocabulary or rnnt_tokenizer/vocab.json)"
-        )
+    vocabulary = check_rnnt_vocabulary(config, folder)
 
     # Parameters stay unevaluated: only shapes and module types are read.
     model = VoiceChatModel(config)
@@ -281,6 +291,11 @@ def convert(
         if (quantize or quantize_tts)
         else {}
     )
+    if (quantize or quantize_tts) and not listed_modules(quant):
+        raise ConversionError(
+            f"no matrix of this model has an input width divisible by --group-size "
+            f"{group_size}; pick a smaller group size"
+        )
     src = _Source(folder, config)
     conv = _Converter(src, config, model, DTYPES[dtype], quant, config.layout)
     conv.validate()
@@ -292,9 +307,8 @@ def convert(
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     bar = None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would follow the folder through the rename
+        # mkdtemp's 0700 would follow the folder through the rename
+        tmp.chmod(0o777 & ~current_umask())
         if progress:
             from tqdm import tqdm
 

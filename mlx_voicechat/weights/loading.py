@@ -36,10 +36,13 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def resolve_path(
-    path_or_id: Union[str, Path], revision: Optional[str] = None, patterns=WEIGHT_PATTERNS
+    path_or_id: Union[str, Path],
+    revision: Optional[str] = None,
+    patterns=WEIGHT_PATTERNS,
+    what: str = "checkpoint folder",
 ) -> Path:
     """A local folder as it is; a hub id through ``huggingface_hub.snapshot_download``
-    (only the files matching ``patterns``)."""
+    (only the files matching ``patterns``). ``what`` names the folder in errors."""
     path = Path(path_or_id).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -47,7 +50,7 @@ def resolve_path(
         return path
     text = str(path_or_id)
     if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
-        raise CheckpointError(f"checkpoint folder {text} does not exist")
+        raise CheckpointError(f"{what} {text} does not exist")
     try:
         from huggingface_hub import snapshot_download
 
@@ -66,9 +69,16 @@ def read_config(folder: Path) -> Dict[str, Any]:
         raise CheckpointError(f"{folder} has no config.json; is it a VoiceChat checkpoint folder?")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
+            raw = json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(
+            f"{path} holds a JSON {type(raw).__name__}; a checkpoint config is a JSON object"
+        )
+    return raw
 
 
 def weight_files(folder: Path) -> List[Path]:
@@ -104,6 +114,17 @@ def read_weights(files: List[Path]) -> Dict[str, mx.array]:
 
 # --- quantization -----------------------------------------------------------------------
 
+GROUP_SIZES = (32, 64, 128)  # what MLX's affine quantization supports
+QUANTIZE_BITS = (2, 3, 4, 5, 6, 8)
+
+
+def check_group_size(group_size, what: str = "group size", error: type = CheckpointError) -> int:
+    """``group_size`` if MLX can quantize with it, else one clear ``error``."""
+    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        raise error(f"{what} must be 32, 64 or 128, not {group_size!r}")
+    return int(group_size)
+
+
 
 def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], weights) -> List[str]:
     """Quantize what the checkpoint quantized; returns the quantized module paths.
@@ -115,12 +136,25 @@ def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], wei
         if any(k.endswith(".scales") for k in weights):
             raise CheckpointError("the weights are quantized but config.json has no quantization")
         return []
+    if not isinstance(quantization, dict):
+        raise CheckpointError(
+            f"config.json quantization must be a JSON object, not {quantization!r}"
+        )
     per_module = {k: v for k, v in quantization.items() if isinstance(v, dict)}
     default = {
         "group_size": quantization.get("group_size", 64),
         "bits": quantization.get("bits", 4),
         "mode": quantization.get("mode", "affine"),
     }
+    for where, q in [("", default)] + [(f" for '{k}'", v) for k, v in per_module.items()]:
+        q = {**default, **q}
+        if q["mode"] == "affine":
+            check_group_size(q["group_size"], f"config.json quantization group_size{where}")
+            if q["bits"] not in QUANTIZE_BITS:
+                raise CheckpointError(
+                    f"config.json quantization bits{where} must be one of "
+                    f"{', '.join(map(str, QUANTIZE_BITS))}, not {q['bits']!r}"
+                )
     chosen: List[str] = []
 
     def predicate(path, module):
@@ -137,13 +171,16 @@ def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], wei
             return default
         return False
 
-    nn.quantize(
-        model,
-        group_size=default["group_size"],
-        bits=default["bits"],
-        mode=default["mode"],
-        class_predicate=predicate,
-    )
+    try:
+        nn.quantize(
+            model,
+            group_size=default["group_size"],
+            bits=default["bits"],
+            mode=default["mode"],
+            class_predicate=predicate,
+        )
+    except ValueError as e:
+        raise CheckpointError(f"config.json quantization cannot be applied: {e}") from None
     missing = sorted(set(per_module) - set(chosen))
     if missing:
         raise CheckpointError(
@@ -171,7 +208,7 @@ def load_tokenizer(source: Union[str, Path, Any]):
         return source  # already a tokenizer object
     folder = Path(source).expanduser()
     if not folder.exists():
-        folder = resolve_path(str(source), patterns=TOKENIZER_PATTERNS)
+        folder = resolve_path(str(source), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
     if folder.is_file():
         folder = folder.parent
     if not (folder / "tokenizer.json").exists():
@@ -199,6 +236,33 @@ def load_tokenizer(source: Union[str, Path, Any]):
         raise CheckpointError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from None
 
 
+def check_rnnt_vocabulary(config: VoiceChatConfig, folder: Path) -> List[str]:
+    """The RNNT pieces, one per joint class but the blank; a missing or short vocabulary
+    would make every transcript empty, so it is an error here."""
+    try:
+        vocabulary = config.load_rnnt_vocabulary(folder)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{Path(folder) / 'rnnt_tokenizer' / 'vocab.json'} cannot be read: {e}"
+        ) from None
+    classes = config.audio_config.joint.num_classes
+    if not vocabulary:
+        raise CheckpointError(
+            f"{folder} has no RNNT vocabulary (config.json rnnt_vocabulary, "
+            "_rnnt_merge_info.joint_config.vocabulary or rnnt_tokenizer/vocab.json); the "
+            f"transcript head needs its {classes} pieces"
+        )
+    if not all(isinstance(p, str) for p in vocabulary):
+        raise CheckpointError(f"the RNNT vocabulary of {folder} must be a list of strings")
+    if len(vocabulary) < classes:
+        raise CheckpointError(
+            f"the RNNT vocabulary of {folder} has {len(vocabulary)} pieces but the transcript "
+            f"head has {classes} classes (plus the blank); the vocabulary does not belong to "
+            "this checkpoint"
+        )
+    return vocabulary
+
+
 def attach_assets(model, folder: Path, tokenizer=None) -> None:
     """Give a loaded model its tokenizer, RNNT vocabulary and per-token tables."""
     config: VoiceChatConfig = model.config
@@ -213,7 +277,7 @@ def attach_assets(model, folder: Path, tokenizer=None) -> None:
             raise CheckpointError(f"{folder} has no tokenizer.json; {hint}{folder}")
         tokenizer = folder
     model.tokenizer = load_tokenizer(tokenizer)
-    model.rnnt_vocabulary = config.load_rnnt_vocabulary(folder)
+    model.rnnt_vocabulary = check_rnnt_vocabulary(config, folder)
     setup = getattr(model, "setup_tokenizer", None)
     if setup is not None:
         setup(model.tokenizer)
