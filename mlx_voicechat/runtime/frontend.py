@@ -63,6 +63,10 @@ class StreamingPerception:
         self.frames = 0  # encoder frames emitted
         self._cache = self.encoder.make_cache()
 
+    def arrays(self) -> List[mx.array]:
+        """The device arrays this state holds."""
+        return [self._mel] + self._cache.arrays()
+
     # -- how much input a frame needs ------------------------------------------------------
 
     def mel_frames_final(self, n: int) -> int:
@@ -200,6 +204,10 @@ class RNNTStream:
         self._pred = self.joint.project_prediction(out[0, -1])
         self.pending: Optional[mx.array] = None
         self._pending_start = 0
+
+    def arrays(self) -> List[mx.array]:
+        h_c = self._new_state if self._new_state is not None else ()
+        return [self._enc, self._pred, self.pending, *h_c]
 
     def push(self, encoded: mx.array) -> None:
         """Encoder rows ``[1, n, D]`` of the next frames."""

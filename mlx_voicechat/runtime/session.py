@@ -79,6 +79,16 @@ def _copy_cache(caches: List[Any]) -> List[Any]:
     return out
 
 
+def _cache_arrays(cache) -> List[Any]:
+    try:
+        state = cache.state
+    except Exception:  # an empty cache has no state yet
+        return []
+    if isinstance(state, mx.array):
+        return [state]
+    return [a for a in state if isinstance(a, mx.array)]
+
+
 def _weights_key(model) -> tuple:
     speech = model.tts_model
     return (id(speech.tts_model.rvq_embs), id(speech.audio_prompt_latents[model.config.speaker]))
@@ -127,10 +137,15 @@ def _output_parts(codes: mx.array, audio: mx.array) -> List[mx.array]:
     return [codes.reshape(-1).astype(mx.int32), mx.view(audio.reshape(-1), mx.int32)]
 
 
+def _read(words: mx.array) -> np.ndarray:
+    """One host read of int32 words (``tolist``: the read the sync counters see)."""
+    return np.array(words.tolist(), dtype=np.int32)
+
+
 def _fill(event: "FrameEvent", read: np.ndarray, q: int) -> "FrameEvent":
     """Set ``event.codes`` / ``event.audio`` from the int32 words of ``_output_parts``."""
     event.codes = read[:q].astype(np.int32)
-    event.audio = read[q:].astype(np.int32).view(np.float32)
+    event.audio = read[q:].view(np.float32)
     return event
 
 
@@ -154,12 +169,10 @@ class Session:
         self.model = model
         cfg = model.config
         self.config = cfg
-        self.seed = duplex.check_seed(seed) if hasattr(duplex, "check_seed") else seed
+        self.seed = duplex.check_seed(seed)
         self._noise = noise
         if prompt is not None:
-            self.prompt_ids = duplex.check_prompt_ids(model, prompt) if hasattr(
-                duplex, "check_prompt_ids"
-            ) else [int(i) for i in prompt]
+            self.prompt_ids = duplex.check_prompt_ids(model, prompt)
         else:
             self.prompt_ids = duplex.prompt_ids(model, system_prompt)
         limit = cfg.text_args.max_position_embeddings - len(self.prompt_ids)
@@ -206,6 +219,18 @@ class Session:
         self._finished = None  # why the session stopped taking input
         self._resamplers.clear()
         self.transcript_tokens: List[int] = []
+        self._settle()
+
+    def _settle(self) -> None:
+        """Schedule every array the next call will read: an array left lazy belongs to the
+        streams of the thread that made it, and the next call may come from another thread."""
+        c = self._cache
+        arrays = [c.prev_ids, c.previous_code, getattr(c.noise, "key", None), c.prefix, self._rows]
+        arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
+        arrays += self._frontend.arrays() + self._rnnt.arrays()
+        arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
+        arrays += list(self._codec_cache.conv_tails)
+        mx.async_eval(*[a for a in arrays if isinstance(a, mx.array)])
 
     def reset(self) -> None:
         """Back to the state right after the system prompt (a new conversation)."""
@@ -232,6 +257,15 @@ class Session:
         """16 kHz samples received that are not yet part of an emitted frame."""
         done = self._frontend.samples_needed(self.frames) if self.frames else 0
         return max(self._frontend.received - done, 0) if self.frames else self._frontend.received
+
+    def samples_needed(self, k: int) -> int:
+        """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
+        return self._frontend.samples_needed(k)
+
+    @property
+    def ready_before_slot_end(self) -> int:
+        """How many samples before the end of its 80 ms slot a frame is computed (1081)."""
+        return self.input_samples_per_frame - self._frontend.samples_needed(0)
 
     @property
     def finished(self) -> Optional[str]:
@@ -382,7 +416,7 @@ class Session:
             parts = [ids] + ([labels] if labels is not None else [])
             if pending is not None:
                 parts += _output_parts(pending[1], pending[2])
-            read = np.array(mx.concatenate(parts))  # the frame's one host read
+            read = _read(mx.concatenate(parts))  # the frame's one host read
             text_id, function_id = int(read[0]), int(read[1])
             if pending is not None:
                 events.append(_fill(pending[0], read[2 + n_labels :], Q))
@@ -400,12 +434,13 @@ class Session:
             if self.frames >= self.max_frames:
                 self._finished = event.end = "max_seconds"
             pending = (event, codes, audio)
+        self._settle()
         if pending is not None:
             event, codes, audio = pending
             if last or event.end is not None:
                 tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
                 audio = mx.concatenate([audio, tail])
-            events.append(_fill(event, np.array(mx.concatenate(_output_parts(codes, audio))), Q))
+            events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
             if last or event.end is not None:
                 self._drain_rnnt(event)
         return events
@@ -414,7 +449,7 @@ class Session:
         """At the end of input: the RNNT tokens still to come go on the last event."""
         while not self._rnnt.done:
             labels = self._rnnt.queue()
-            self._add_tokens(event, self._rnnt.advance(np.array(labels).tolist()))
+            self._add_tokens(event, self._rnnt.advance(labels.tolist()))
 
     def _add_tokens(self, event: FrameEvent, tokens) -> None:
         for token, _frame in tokens:
