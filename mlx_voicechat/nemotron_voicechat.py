@@ -108,16 +108,23 @@ class Model(VoiceChatModel):
         noise=None,
         prompt=None,
         max_seconds: Optional[float] = None,
+        tools=None,
     ):
         """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
         from .runtime.session import Session
 
         return Session(
-            self, system_prompt, seed=seed, noise=noise, prompt=prompt, max_seconds=max_seconds
+            self,
+            system_prompt,
+            seed=seed,
+            noise=noise,
+            prompt=prompt,
+            max_seconds=max_seconds,
+            tools=tools,
         )
 
 
-GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress")
+GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress", "tools")
 # Options of mlx-audio's generic STS command line that this model has no use for: the LLM is
 # greedy and the speech sampling is fixed by the checkpoint; there is one voice.
 IGNORED_OPTIONS = (

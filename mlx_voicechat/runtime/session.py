@@ -33,6 +33,7 @@ from ..noise import KeyNoise, NoiseSource
 from . import duplex
 from .frontend import RNNTStream, StreamingPerception
 from .textstream import TextStream, TranscriptStream
+from .tools import ToolError, ToolResultQueue, prepare_tools, tool_result_ids
 
 
 class SessionError(VoiceChatError, ValueError):
@@ -165,12 +166,19 @@ class Session:
         noise: Optional[NoiseSource] = None,
         prompt: Optional[Sequence[int]] = None,
         max_seconds: Optional[float] = None,
+        tools: Optional[Sequence[Any]] = None,
     ):
         self.model = model
         cfg = model.config
         self.config = cfg
         self.seed = duplex.check_seed(seed)
         self._noise = noise
+        if tools and prompt is not None:
+            raise SessionError(
+                "tools are rendered into the system prompt text: pass system_prompt with "
+                "tools, not prompt ids"
+            )
+        system_prompt, self.tools, self._parser = prepare_tools(model, system_prompt, tools, self.seed)
         if prompt is not None:
             self.prompt_ids = duplex.check_prompt_ids(model, prompt)
         else:
@@ -216,6 +224,11 @@ class Session:
         self.speaking = False
         self._quiet = False
         self._forced: List[tuple] = []  # queued (text_id or None, function_id or None)
+        self._results = ToolResultQueue()
+        self._calls = self._parser
+        if self._calls is not None:
+            self._calls.reset()
+        self.tool_frames = 0  # frames whose function id was a tool result's token
         self._finished = None  # why the session stopped taking input
         self._resamplers.clear()
         self.transcript_tokens: List[int] = []
@@ -288,9 +301,29 @@ class Session:
                 raise SessionError(f"forced ids must be ints in [0, {vocab}), got {v!r}")
         self._forced.append((text_id, function_id))
 
-    def _override(self) -> Optional[Callable[[mx.array], mx.array]]:
+    def add_tool_result(self, call_id: str, output: Any) -> int:
+        """Queue a tool's result for the call ``call_id``; from the next frame on it is fed to
+        the model one token per frame on the function channel (the text channel gets pad, so
+        nothing is spoken meanwhile). Returns how many frames it takes."""
+        self._check_open()
+        if self._calls is None:
+            raise ToolError("this session has no tools; open it with model.session(..., tools=[...])")
+        ids = tool_result_ids(self.model.tokenizer, output)
+        self._results.add(call_id, ids)
+        return len(ids)
+
+    def _next_forced(self) -> tuple:
+        """(text, function, from a tool result) for the next frame; None: the head's id."""
+        if self._forced:
+            return self._forced.pop(0) + (False,)
+        token = self._results.next_forced()
+        if token is not None:
+            self.tool_frames += 1
+            return self.config.pad_token_id, token, True
+        return None, None, False
+
+    def _override(self, text, function) -> Optional[Callable[[mx.array], mx.array]]:
         cfg = self.config
-        text, function = self._forced[0] if self._forced else (None, None)
         if self._quiet and text is None:
             bos, silence = cfg.bos_token_id, cfg.silence_token_id
 
@@ -407,10 +440,9 @@ class Session:
         while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
             row = self._rows[:, :1]
             self._rows = self._rows[:, 1:]
-            forced = bool(self._forced) or self._quiet
-            ids = duplex.think(model, self._cache, row, override=self._override())
-            if self._forced:
-                self._forced.pop(0)
+            text_force, function_force, injected = self._next_forced()
+            forced = self._quiet or text_force is not None or function_force is not None
+            ids = duplex.think(model, self._cache, row, self._override(text_force, function_force))
             labels = self._rnnt.queue()
             n_labels = 0 if labels is None else labels.shape[0]
             parts = [ids] + ([labels] if labels is not None else [])
@@ -430,6 +462,10 @@ class Session:
                 mx.async_eval(audio, codes)
             event = FrameEvent(self.frames, text_id, function_id, None, None, forced=forced)
             self._annotate(event, tokens)
+            if self._calls is not None and not injected:
+                event.tool_calls, event.errors = self._calls.feed(function_id)
+                for call in event.tool_calls:
+                    self._results.expect(call.call_id)
             self.frames += 1
             if self.frames >= self.max_frames:
                 self._finished = event.end = "max_seconds"
@@ -443,6 +479,10 @@ class Session:
             events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
             if last or event.end is not None:
                 self._drain_rnnt(event)
+                if self._calls is not None:
+                    unfinished = self._calls.close()
+                    if unfinished:
+                        event.errors.append(unfinished)
         return events
 
     def _drain_rnnt(self, event: FrameEvent) -> None:

@@ -13,7 +13,8 @@ from typing import Any, Dict, List
 from ..config import NEMOTRON_NANO_9B_V2, VoiceChatConfig
 from ..errors import VoiceChatError
 
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<SPECIAL_{i}>" for i in range(3, 16)]
+# <SPECIAL_20> / <SPECIAL_21> open and close a tool call on the function channel.
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<SPECIAL_{i}>" for i in range(3, 24)]
 RNNT_SPECIALS = ["<unk>"]
 
 _CORPUS = (
@@ -199,7 +200,7 @@ def scale_config(scale: str = "tiny") -> VoiceChatConfig:
 
 
 def build_tokenizer(vocab_size: int):
-    """A byte-level BPE (``tokenizers``) with the special tokens at ids 0..15, then exactly
+    """A byte-level BPE (``tokenizers``) with the special tokens at ids 0..23, then exactly
     the 256 single-character byte tokens, then merges learned from a small built-in corpus."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
