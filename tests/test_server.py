@@ -488,8 +488,8 @@ def test_bad_events_get_errors_and_the_session_goes_on(plain):
                 "invalid_value",
             ),
             (
-                json.dumps({"type": "session.update", "session": {"tools": [{"name": "f"}]}}),
-                "tools_unsupported",
+                json.dumps({"type": "session.update", "session": {"tools": [{"type": 1}]}}),
+                "invalid_value",
             ),
             (
                 json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (3 << 19)}),

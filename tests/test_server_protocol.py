@@ -120,7 +120,8 @@ def test_voice_tools_and_formats_are_errors():
     p.open()
     cases = [
         ({"audio": {"output": {"voice": "alloy"}}}, "invalid_value"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools_unsupported"),
+        ({"tools": [{"type": "function", "description": "no name"}]}, "invalid_value"),
+        ({"tools": [{"type": "function", "name": f"f{i}"} for i in range(6)]}, "invalid_value"),
         ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "invalid_value"),
         ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}}, "invalid_value"),
         ({"output_modalities": ["text"]}, "invalid_value"),
@@ -165,7 +166,7 @@ def test_bad_events_are_error_events():
     assert error_code(send(p, type="conversation.item.delete")[0]) == "unsupported_event"
     item = {"type": "function_call_output", "call_id": "c", "output": "{}"}
     assert error_code(send(p, type="conversation.item.create", item=item)[0]) == (
-        "tools_unsupported"
+        "invalid_value"  # no such call waits for its output
     )
     audio = "not base64!!"
     assert error_code(send(p, type="input_audio_buffer.append", audio=audio)[0]) == "invalid_base64"

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import VoiceChatError
-from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start
+from ..runtime.tools import ToolError
+from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .worker import Worker
 
 SAMPLES_PER_FRAME = 1280  # 80 ms at 16 kHz, the session's input frame
@@ -78,9 +79,12 @@ class Server:
         self.ready = False
         self.sessions_served = 0
 
-    def open_session(self, instructions: Optional[str]):
-        """On the worker: a fresh streaming session with the client's instructions."""
-        return self.model.session(instructions, seed=self.seed, **self.session_options)
+    def open_session(self, instructions: Optional[str], tools=()):
+        """On the worker: a fresh streaming session with the client's instructions and tools."""
+        options = dict(self.session_options)
+        if tools:
+            options["tools"] = list(tools)
+        return self.model.session(instructions, seed=self.seed, **options)
 
     def warm_up(self, frames: int = 4) -> None:
         """On the worker: open a session and run a few frames, so the first client does not pay
@@ -310,7 +314,9 @@ class Conversation:
             c = self.inbox.popleft()
             try:
                 if isinstance(c, Start):
-                    await worker.run(self._open, c.instructions)
+                    await worker.run(self._open, c.instructions, c.tools)
+                elif isinstance(c, ToolResult):
+                    await self._tool_result(c)
                 elif isinstance(c, Append):
                     samples = self._take_audio(c)
                     await self._feed(lambda s=samples: self.session.feed(s), samples.size)
@@ -324,8 +330,17 @@ class Conversation:
             if isinstance(c, Commit):
                 self.drain = {"fed": 0, "done": self.protocol.responses_done}
 
-    def _open(self, instructions) -> None:  # on the worker
-        self.session = self.server.open_session(instructions)
+    def _open(self, instructions, tools=()) -> None:  # on the worker
+        self.session = self.server.open_session(instructions, tools)
+
+    async def _tool_result(self, c: ToolResult) -> None:
+        """Queue a function_call_output in the session; a refusal is an error event."""
+        try:
+            frames = await self.server.worker.run(self.session.add_tool_result, c.call_id, c.output)
+        except ToolError as e:
+            self.send([self.protocol.error("invalid_value", str(e), "item.output")])
+            return
+        self.send([self.protocol.tool_injection(c.call_id, frames)])
 
     def _client_audio_waiting(self) -> bool:
         return any(isinstance(c, Append) and not c.silence for c in self.inbox)
@@ -365,6 +380,7 @@ class Conversation:
                         lag_seconds=round(self.lag_seconds, 3),
                         rtf=round(secs / (frames * FRAME_SECONDS), 3),
                         seconds_per_frame=round(secs / frames, 4),
+                        tool_frames=self.session.tool_frames,
                     )
                 ]
             )

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..runtime.tools import ToolError, normalize_tools
+
 MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
 MODEL_OUTPUT_RATE = 22050  # Hz, what the session speaks at
 DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
@@ -50,6 +52,15 @@ class Start(Command):
     """Open the session (at the first audio); the instructions are fixed from here on."""
 
     instructions: Optional[str]
+    tools: tuple = ()
+
+
+@dataclass(frozen=True)
+class ToolResult(Command):
+    """A client's ``function_call_output``: inject it into the model's function channel."""
+
+    call_id: str
+    output: str
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,8 @@ class Realtime:
         self._events = itertools.count(1)
         self._event_prefix = "event_" + secrets.token_hex(6)
         self.instructions: Optional[str] = None
+        self.tools: List[dict] = []
+        self._calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
         self.voice = voice
         self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
@@ -222,7 +235,7 @@ class Realtime:
                     "speed": 1.0,
                 },
             },
-            "tools": [],
+            "tools": [dict(t, type="function") for t in self.tools],
             "tool_choice": "auto",
             "max_output_tokens": "inf",
         }
@@ -327,17 +340,17 @@ class Realtime:
                     'must include "audio"',
                     "session.output_modalities",
                 )
-        tools = session.get("tools")
-        if tools:
-            raise ProtocolError(
-                "tools_unsupported", "tools are not served by this server yet", "session.tools"
-            )
+        if session.get("tools") is not None:
+            try:
+                new["tools"] = normalize_tools(session["tools"])
+            except ToolError as e:
+                raise ProtocolError("invalid_value", str(e), "session.tools") from None
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
             new["transcription"] = t is not None
 
         if self.started:
-            fixed = ("instructions", "voice", "input_rate", "output_rate")
+            fixed = ("instructions", "voice", "input_rate", "output_rate", "tools")
             changed = [k for k in fixed if k in new and new[k] != getattr(self, k)]
             if changed:
                 names = {"input_rate": "audio.input.format", "output_rate": "audio.output.format"}
@@ -360,7 +373,7 @@ class Realtime:
         if not self.started:
             self.started = True
             self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            commands.append(Start(self.instructions))
+            commands.append(Start(self.instructions, tuple(self.tools)))
         resampled = self._input(samples)
         if resampled.size:
             commands.append(Append(resampled))
@@ -418,15 +431,39 @@ class Realtime:
         item = event.get("item")
         kind = item.get("type") if isinstance(item, dict) else None
         if kind == "function_call_output":
-            raise ProtocolError(
-                "tools_unsupported", "tool results are not served by this server yet", "item.type"
-            )
+            return self._tool_output(item)
         raise ProtocolError(
             "unsupported_event",
             "this model only hears audio: send input_audio_buffer.append instead of "
             f"conversation.item.create ({kind!r} items)",
             "item.type",
         )
+
+    def _tool_output(self, item: dict):
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or call_id not in self._calls:
+            raise ProtocolError(
+                "invalid_value",
+                f"call_id {call_id!r} is not a function call of this session that waits for "
+                "its output",
+                "item.call_id",
+            )
+        if not isinstance(output, str):
+            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
+        del self._calls[call_id]
+        done = {
+            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+        events = [
+            self._add_item(done),
+            self._event("conversation.item.done", previous_item_id=None, item=done),
+        ]
+        return events, [ToolResult(call_id, output)]
 
     def _item_truncate(self, event: dict):
         item_id = event.get("item_id")
@@ -532,8 +569,64 @@ class Realtime:
                 out += self._open_response()
             if self.response is not None:
                 out += self._speak(f)
-                if f.turn == "end":
-                    out += self._close_response("completed")
+            for call in getattr(f, "tool_calls", ()):
+                out += self._tool_call(call)
+            for message in getattr(f, "errors", ()):
+                out.append(self.error("tool_call_invalid", message, type_="server_error"))
+            if self.response is not None and f.turn == "end":
+                out += self._close_response("completed")
+        return out
+
+    def _tool_call(self, call) -> List[Event]:
+        """A call the model wrote on its function channel: a function_call item in the open
+        response, or in a response of its own when the model is not speaking."""
+        own = self.response is None
+        out: List[Event] = []
+        if own:
+            response_id = _new_id("resp")
+            self.response = {"id": response_id, "item_id": None, "transcript": [], "samples": 0}
+            out.append(
+                self._event("response.created", response=self._response_object("in_progress", []))
+            )
+        r = self.response
+        calls = r.setdefault("calls", [])
+        index = len(calls) + (0 if own else 1)
+        item = {
+            "id": _new_id("item"),
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "name": call.name,
+            "call_id": call.call_id,
+            "arguments": "",
+        }
+        ref = dict(response_id=r["id"], item_id=item["id"], output_index=index, call_id=call.call_id)
+        done = dict(item, status="completed", arguments=call.arguments)
+        out += [
+            self._event(
+                "response.output_item.added", response_id=r["id"], output_index=index, item=item
+            ),
+            self._add_item(item),
+            self._event("response.function_call_arguments.delta", delta=call.arguments, **ref),
+            self._event(
+                "response.function_call_arguments.done",
+                name=call.name,
+                arguments=call.arguments,
+                **ref,
+            ),
+            self._event(
+                "response.output_item.done", response_id=r["id"], output_index=index, item=done
+            ),
+            self._event("conversation.item.done", previous_item_id=None, item=done),
+        ]
+        calls.append(done)
+        self._calls[call.call_id] = done
+        if own:
+            out.append(
+                self._event("response.done", response=self._response_object("completed", calls))
+            )
+            self.response = None
+            self.responses_done += 1
         return out
 
     def _open_response(self) -> List[Event]:
@@ -634,7 +727,10 @@ class Realtime:
                 "response.output_item.done", response_id=r["id"], output_index=0, item=item
             ),
             self._event("conversation.item.done", previous_item_id=None, item=item),
-            self._event("response.done", response=self._response_object(status, [item], details)),
+            self._event(
+                "response.done",
+                response=self._response_object(status, [item] + r.get("calls", []), details),
+            ),
         ]
         self.response = None
         self._output = None
@@ -646,6 +742,11 @@ class Realtime:
     def commit_done(self) -> List[Event]:
         """The trailing silence of a commit has been fed: the user's item is complete."""
         return self.close_user_item()
+
+    def tool_injection(self, call_id: str, frames: int) -> Event:
+        """A vendor event: the result of ``call_id`` is being fed to the model, one token per
+        frame, for ``frames`` frames (nothing is spoken meanwhile)."""
+        return self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)
 
     def stats(self, **fields) -> Event:
         """A vendor event with the transport's figures (lag, frames, real-time factor)."""
