@@ -27,6 +27,25 @@ __path__ = []
 
 __all__ = ["Model", "ModelArgs", "ModelConfig", "VoiceChatConfig"]
 
+# mlx-audio's module exports these too; they are loaded on first use.
+_COMPAT_NAMES = {
+    "VoiceChatEvent": "compat",
+    "VoiceChatSession": "compat",
+    "VoiceChatStreamingSession": "compat",
+    "VoiceChatContextLimitError": "compat",
+    "VoiceChatOutput": "compat",
+    "DEFAULT_SYSTEM_PROMPT": "duplex",
+}
+
+
+def __getattr__(name):
+    if name in _COMPAT_NAMES:
+        import importlib
+
+        module = importlib.import_module(f"mlx_voicechat.runtime.{_COMPAT_NAMES[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 class Model(VoiceChatModel):
     """NemotronLabs VoiceChat: load with :func:`mlx_voicechat.load`, ``mlx_lm.load`` or
@@ -82,23 +101,53 @@ class Model(VoiceChatModel):
 
     # --- the duplex loop ------------------------------------------------------------------
 
-    def generate(self, audio, system_prompt=None, extra_decoding_seconds=3.0, seed=0, **kwargs):
+    def generate(
+        self,
+        audio,
+        system_prompt=None,
+        extra_decoding_seconds=3.0,
+        seed=0,
+        *,
+        verbose=False,
+        use_language_cache=True,
+        **kwargs,
+    ):
         """Offline speech-to-speech: see :func:`mlx_voicechat.runtime.duplex.generate`. A model
-        runs one call at a time, from any thread.
+        runs one call at a time, from any thread. ``system_prompt=None`` is NVIDIA's default
+        prompt (``DEFAULT_SYSTEM_PROMPT``); ``""`` is none.
 
-        Generic options of ``python -m mlx_audio.sts.generate`` are accepted too: ``sample_rate``
-        is the rate of an array ``audio``; options that do not apply to this model (sampling
-        temperature, voices, ...) are ignored with a one-line warning; anything else is a
-        GenerationError."""
+        mlx-audio's keywords work too: ``verbose`` prints the reply text, ``max_frames`` keeps
+        only the first frames, ``use_language_cache`` changes nothing (the LLM always keeps its
+        cache). Generic options of ``python -m mlx_audio.sts.generate`` are accepted:
+        ``sample_rate`` is the rate of an array ``audio``; options that do not apply to this
+        model (sampling temperature, voices, ...) are ignored with a one-line warning; anything
+        else is a GenerationError."""
+        from .runtime.compat import check_generate_compat
         from .runtime.duplex import GenerationError, generate
 
+        check_generate_compat(verbose, use_language_cache)
         if self.tokenizer is None:
             raise GenerationError(
                 "this model has no tokenizer attached: call model.setup_tokenizer(tokenizer) "
                 "(mlx_lm.load returns one), or load the model with mlx_voicechat.load(path)"
             )
         kwargs = _generate_options(kwargs, GenerationError)
-        return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
+        result = generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
+        if verbose:
+            print(result.text)
+        return result
+
+    def create_session(self):
+        """mlx-audio's API: an object with ``generate`` (its defaults) and
+        ``create_streaming_session``; see :mod:`mlx_voicechat.runtime.compat`."""
+        from .runtime.compat import VoiceChatSession
+
+        return VoiceChatSession(self)
+
+    def create_duplex_session(self, **kwargs):
+        """mlx-audio's API: ``create_session().create_streaming_session(**kwargs)``, an object
+        with ``push_audio`` / ``flush`` / ``cancel`` over :meth:`session`."""
+        return self.create_session().create_streaming_session(**kwargs)
 
     def session(
         self,
@@ -124,7 +173,9 @@ class Model(VoiceChatModel):
         )
 
 
-GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress", "tools")
+GENERATE_OPTIONS = (
+    "noise", "prompt", "source_rate", "progress", "prompt_progress", "tools", "max_frames"
+)
 # Options of mlx-audio's generic STS command line that this model has no use for: the LLM is
 # greedy and the speech sampling is fixed by the checkpoint; there is one voice.
 IGNORED_OPTIONS = (
@@ -135,7 +186,6 @@ IGNORED_OPTIONS = (
     "max_new_tokens",
     "no_repeat_ngram_size",
     "voice",
-    "verbose",
 )
 
 
@@ -160,7 +210,8 @@ def _generate_options(kwargs: Dict[str, Any], error: type) -> Dict[str, Any]:
     if unknown:
         raise error(
             f"generate() got an option it does not know: {unknown[0]}; it takes audio, "
-            "system_prompt, extra_decoding_seconds, seed and " + ", ".join(GENERATE_OPTIONS)
+            "system_prompt, extra_decoding_seconds, seed, verbose, use_language_cache and "
+            + ", ".join(GENERATE_OPTIONS)
         )
     return {k: v for k, v in kwargs.items() if k in GENERATE_OPTIONS}
 

@@ -102,8 +102,8 @@ def test_factory_nvidia_converts_and_generates_the_same(tiny_checkpoints, tmp_pa
     got = load(out)  # strict
     assert got.config.layout == "mlx-community" and quantized_paths(got) == []
     ref = load(src)
-    a = ref.generate(wave(), extra_decoding_seconds=0.2, seed=5)
-    b = got.generate(wave(), extra_decoding_seconds=0.2, seed=5)
+    a = ref.generate(wave(), system_prompt="", extra_decoding_seconds=0.2, seed=5)
+    b = got.generate(wave(), system_prompt="", extra_decoding_seconds=0.2, seed=5)
     assert b.text_ids == a.text_ids and b.function_ids == a.function_ids
     assert np.array_equal(b.codes, a.codes)
     assert np.array_equal(b.audio, a.audio)
@@ -175,7 +175,7 @@ def test_quantized_outputs_list_exactly_what_loading_quantizes(tiny_checkpoints,
     assert scaled == names
     model = load(out)
     assert quantized_paths(model) == names
-    res = model.generate(wave(0.5), extra_decoding_seconds=0.0, seed=0)
+    res = model.generate(wave(0.5), system_prompt="", extra_decoding_seconds=0.0, seed=0)
     assert np.all(np.isfinite(res.audio))
 
 
@@ -249,8 +249,8 @@ def test_mlx_audio_source_converts_to_the_same_tensors(tiny_checkpoints, tmp_pat
     ma, mb = load(a), load(b)
     x = wave(0.5)
     assert np.array_equal(
-        ma.generate(x, extra_decoding_seconds=0.0, seed=1).codes,
-        mb.generate(x, extra_decoding_seconds=0.0, seed=1).codes,
+        ma.generate(x, system_prompt="", extra_decoding_seconds=0.0, seed=1).codes,
+        mb.generate(x, system_prompt="", extra_decoding_seconds=0.0, seed=1).codes,
     )
 
 

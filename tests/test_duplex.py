@@ -71,7 +71,7 @@ def _wave(seconds, seed=1):
 
 
 def test_no_prompt_frame0_is_silence_and_length(tiny):
-    out = tiny.generate(_wave(0.5), extra_decoding_seconds=0.3, seed=0)
+    out = tiny.generate(_wave(0.5), system_prompt="", extra_decoding_seconds=0.3, seed=0)
     F = len(out.text_ids)
     assert F == len(out.function_ids) == out.codes.shape[0] == out.frames
     assert out.audio.shape == (F * SPF,)
@@ -139,9 +139,9 @@ def test_step_advances_one_position(tiny):
 
 def test_same_seed_same_bytes_different_seed_other_codes(tiny, tmp_path):
     wave = _wave(0.8)
-    a = tiny.generate(wave, extra_decoding_seconds=0.2, seed=7)
-    b = tiny.generate(wave, extra_decoding_seconds=0.2, seed=7)
-    c = tiny.generate(wave, extra_decoding_seconds=0.2, seed=8)
+    a = tiny.generate(wave, system_prompt="", extra_decoding_seconds=0.2, seed=7)
+    b = tiny.generate(wave, system_prompt="", extra_decoding_seconds=0.2, seed=7)
+    c = tiny.generate(wave, system_prompt="", extra_decoding_seconds=0.2, seed=8)
     a.save(tmp_path / "a.wav")
     b.save(tmp_path / "b.wav")
     assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
@@ -155,7 +155,8 @@ def test_same_seed_across_processes(tiny_checkpoints, tmp_path):
     sf.write(tmp_path / "q.wav", _wave(0.8), 16000)
     script = (
         "import sys; from mlx_voicechat import load; m = load(sys.argv[1]); "
-        "r = m.generate(sys.argv[2], extra_decoding_seconds=0.2, seed=5); r.save(sys.argv[3]); "
+        "r = m.generate(sys.argv[2], system_prompt='', extra_decoding_seconds=0.2, seed=5); "
+        "r.save(sys.argv[3]); "
         "print(r.text_ids)"
     )
     outs = []

@@ -204,7 +204,7 @@ def test_output_in_missing_folder(tiny_checkpoints, question, tmp_path, capsys):
 
 
 def test_save_into_missing_folder_leaves_nothing(tiny, question, tmp_path):
-    r = tiny.generate(str(question), extra_decoding_seconds=0.0)
+    r = tiny.generate(str(question), system_prompt="", extra_decoding_seconds=0.0)
     with pytest.raises(AudioError, match="does not exist"):
         r.save(tmp_path / "nope" / "r.wav")
     assert list(tmp_path.iterdir()) == []

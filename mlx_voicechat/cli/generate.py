@@ -18,7 +18,12 @@ def add_parser(subparsers):
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
     p.add_argument("--output-audio", required=True, help="reply WAV (22050 Hz mono PCM16)")
-    p.add_argument("-p", "--system-prompt", default="", help="system prompt (empty: none)")
+    p.add_argument(
+        "-p",
+        "--system-prompt",
+        default=None,
+        help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
+    )
     p.add_argument(
         "--extra-decoding-seconds",
         type=float,
@@ -84,7 +89,7 @@ def run(args) -> int:
     try:
         result = model.generate(
             samples,
-            system_prompt=args.system_prompt or None,
+            system_prompt=args.system_prompt,
             extra_decoding_seconds=args.extra_decoding_seconds,
             seed=args.seed,
             progress=progress,
@@ -123,7 +128,7 @@ def _plot(model, result, samples, args) -> None:
     )
     user = plot.transcript_by_frame(model, samples, args.extra_decoding_seconds)
     timeline = plot.Timeline.from_result(
-        model, result, heard, user, title=f"mlx-voicechat generate {args.audio}"
+        model, result, heard, user, title=f"mlx-voicechat generate {Path(args.audio).name}"
     )
     plot.save(timeline, args.plot)
     if not args.quiet:

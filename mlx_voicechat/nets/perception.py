@@ -11,6 +11,7 @@ full-pass result while memory grows linearly with the input.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -160,6 +161,22 @@ class ContextAttention(RelPositionMultiHeadAttention):
     ``linear_pos``), so the left context's are cached as projected (``LayerCache.keys`` /
     ``values``) and each call projects only its own frames."""
 
+    def _positions(self, pos_emb: mx.array) -> mx.array:
+        """``linear_pos(pos_emb)``, kept for the last length: once the left context is full,
+        every frame of a stream has the same relative positions, so their projection is done
+        once (one per thread: arrays left lazy belong to the thread that made them)."""
+        weight = self.linear_pos.weight
+        memo = self.__dict__.get("_pos_memo")
+        if memo is None:
+            memo = threading.local()
+            object.__setattr__(self, "_pos_memo", memo)
+        key = getattr(memo, "key", None)
+        if key is not None and key[0] is weight and key[1:] == (pos_emb.shape, pos_emb.dtype):
+            return memo.value
+        value = self.linear_pos(pos_emb)
+        memo.key, memo.value = (weight, pos_emb.shape, pos_emb.dtype), value
+        return value
+
     def __call__(self, x, pos_emb, mask=None, cache_kv=None, valid=None):
         B, Tq, _ = x.shape
         H, d = self.n_head, self.head_dim
@@ -170,7 +187,7 @@ class ContextAttention(RelPositionMultiHeadAttention):
             k = mx.concatenate([cache_kv[0], k], axis=2)
             v = mx.concatenate([cache_kv[1], v], axis=2)
         Tk = k.shape[2]
-        p = self.linear_pos(pos_emb)
+        p = self._positions(pos_emb)
         p = p.reshape(p.shape[0], p.shape[1], H, d).transpose(0, 2, 1, 3)
         q_u = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
         q_v = (q + self.pos_bias_v).transpose(0, 2, 1, 3)

@@ -400,7 +400,7 @@ def tts_agreement(
     wave = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)).astype(
         np.float32
     )
-    a = quantized.generate(wave, extra_decoding_seconds=0.0, seed=seed)
-    b = reference.generate(wave, extra_decoding_seconds=0.0, seed=seed)
+    a = quantized.generate(wave, system_prompt="", extra_decoding_seconds=0.0, seed=seed)
+    b = reference.generate(wave, system_prompt="", extra_decoding_seconds=0.0, seed=seed)
     same = float(np.mean(a.codes == b.codes))
     return same, int(a.codes.size)
