@@ -67,6 +67,8 @@ class Session:
                 "tools are rendered into the system prompt text: pass system_prompt with "
                 "tools, not prompt ids"
             )
+        if prompt is None:
+            system_prompt = duplex.resolve_system_prompt(system_prompt)
         system_prompt, self.tools, self._parser = prepare_tools(model, system_prompt, tools, self.seed)
         if prompt is not None:
             self.prompt_ids = duplex.check_prompt_ids(model, prompt)

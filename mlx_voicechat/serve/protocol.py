@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..runtime.duplex import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
 
 MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
@@ -221,7 +222,7 @@ class Realtime:
             "id": self.session_id,
             "model": self.model_id,
             "output_modalities": ["audio"],
-            "instructions": self.instructions or "",
+            "instructions": resolve_system_prompt(self.instructions),  # what the model hears
             "audio": {
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.input_rate},
@@ -310,7 +311,7 @@ class Realtime:
                 raise ProtocolError(
                     "invalid_value", "`instructions` must be a string", "session.instructions"
                 )
-            new["instructions"] = session["instructions"] or None
+            new["instructions"] = session["instructions"]  # "" is no prompt, not the default
         voice = a_out.get("voice", session.get("voice"))  # GA, then beta's flat `voice`
         if voice is not None:
             name = voice.get("id") if isinstance(voice, dict) else voice
