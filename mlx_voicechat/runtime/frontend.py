@@ -186,7 +186,10 @@ class RNNTStream:
     """NeMo's greedy RNNT decoding (``nets.rnnt.greedy_decode``) over frames that arrive over
     time. The joint labels of a window of frames are queued on the device (``pending``) and
     read with the frame's one host read; ``advance(labels)`` then applies exactly the offline
-    rules and queues the next window. So a token comes out at most one frame after its frame."""
+    rules and queues the next window. One read settles one token, or a run of blank frames of
+    any length: at under one token per frame (speech is about 0.3) the transcript keeps up, a
+    burst of several tokens in one frame lags a frame per extra token and catches up at the
+    next blank frames, and ``finish`` reads whatever is left."""
 
     def __init__(self, decoder, joint, blank_id: int, max_symbols: Optional[int], window: int = 16):
         self.decoder, self.joint = decoder, joint

@@ -8,7 +8,8 @@ chunking of the input the events equal :func:`duplex.generate` on the same sampl
 and transcript identical; audio equal after the codec's fixed 6-sample delay).
 
 Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see
-``frontend``). Its RNNT tokens come out with the next host read (at most one frame later), and
+``frontend``). Its RNNT tokens come out with the frame's host read (a second token of the same
+frame with the next one: ``frontend.RNNTStream``), and
 its audio lags the offline waveform by the codec's 6 samples (0.27 ms).
 
 Host reads: one per frame for the frame's decisions (the two ids the TTS and the client need,
@@ -111,6 +112,7 @@ class Session:
         self._function = TextStream(self.model, cfg)
         self._transcript = TranscriptStream(self.model.rnnt_vocabulary)
         self._rows: Optional[mx.array] = None  # projected rows not yet run, [1, n, H]
+        self._encoded: Optional[mx.array] = None  # their encoder rows, for the RNNT, [1, n, D]
         self.frames = 0
         self.speaking = False
         self._quiet = False
@@ -129,7 +131,7 @@ class Session:
         """Schedule every array the next call will read: an array left lazy belongs to the
         streams of the thread that made it, and the next call may come from another thread."""
         c = self._cache
-        arrays = [c.prev_ids, c.previous_code, getattr(c.noise, "key", None), c.prefix, self._rows]
+        arrays = [c.prev_ids, c.previous_code, getattr(c.noise, "key", None), c.prefix, self._rows, self._encoded]
         arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
         arrays += self._frontend.arrays() + self._rnnt.arrays()
         arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
@@ -143,7 +145,7 @@ class Session:
 
     def close(self) -> None:
         self._closed = True
-        self._rows = None
+        self._rows = self._encoded = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -321,8 +323,11 @@ class Session:
         events: List[FrameEvent] = []
         if rows is not None:
             projected, encoded = rows
-            self._rnnt.push(encoded)
-            self._rows = projected if self._rows is None else mx.concatenate([self._rows, projected], axis=1)
+            if self._rows is None:
+                self._rows, self._encoded = projected, encoded
+            else:
+                self._rows = mx.concatenate([self._rows, projected], axis=1)
+                self._encoded = mx.concatenate([self._encoded, encoded], axis=1)
         model = self.model
         speech = model.tts_model
         codec = speech.audio_codec
@@ -331,6 +336,9 @@ class Session:
         while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
             row = self._rows[:, :1]
             self._rows = self._rows[:, 1:]
+            # The RNNT sees a frame with the frame, so a word is never reported before its frame.
+            self._rnnt.push(self._encoded[:, :1])
+            self._encoded = self._encoded[:, 1:]
             text_force, function_force, injected = self._next_forced()
             forced = self._quiet or text_force is not None or function_force is not None
             override = self._override(text_force, function_force)
