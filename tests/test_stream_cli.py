@@ -149,6 +149,16 @@ def test_word_printer_one_line_per_run_of_a_channel():
     p([ev(tr="what"), ev(tr=" time"), ev(tx=" It", tr=" is"), ev(tx="'s \x1b[2J"), ev(fn="x")])
     p.end()
     assert "".join(out.parts) == ("[user] what time is\n[assistant] It's \ufffd[2J\n[function] x\n")
+    from mlx_voicechat.runtime.tools import ToolCall
+
+    out.parts.clear()
+    call = SimpleNamespace(transcript="", text="", function_text="", errors=["bad JSON"],
+                           tool_calls=[ToolCall("call_1", "get_weather", '{"city":"Paris"}')])
+    p([call])
+    p.end()
+    assert "".join(out.parts) == (
+        '[tool call] get_weather({"city":"Paris"}) id=call_1\n[tool call error] bad JSON\n'
+    )
 
 
 def test_stream_bad_inputs_one_line_exit_2(ckpt, question, tmp_path, capsys):

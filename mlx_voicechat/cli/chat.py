@@ -40,6 +40,9 @@ def add_parser(subparsers):
         help="speaker: PortAudio device index or name (default: the system's)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.add_argument(
+        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
+    )
     p.set_defaults(func=run)
     return p
 
@@ -92,8 +95,11 @@ def run(args) -> int:
 
     mic_device, speaker_device = _device(args.input_device), _device(args.output_device)
     devices.check(mic_device, speaker_device)  # a missing device fails before the model loads
+    from ..runtime.tools import read_tools_file
+
+    tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
-    session = model.session(args.system_prompt, seed=args.seed)
+    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     mic = devices.open_microphone(mic_device, session.input_sample_rate)
     try:

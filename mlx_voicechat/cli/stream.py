@@ -53,6 +53,9 @@ def add_parser(subparsers):
         help="seconds of silence fed after the file so the reply can finish (default 3)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.add_argument(
+        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
+    )
     p.set_defaults(func=run)
     return p
 
@@ -81,6 +84,17 @@ class WordPrinter:
                 delta = getattr(event, attr)
                 if delta:
                     self.write(label, delta)
+            for call in getattr(event, "tool_calls", ()):
+                self.line("tool call", f"{call.name}({call.arguments}) id={call.call_id}")
+            for message in getattr(event, "errors", ()):
+                self.line("tool call error", message)
+
+    def line(self, label: str, text: str) -> None:
+        """A line of its own (a tool call), between runs of words."""
+        self.end()
+        self.out.write(f"[{label}] {_printable(text)}\n")
+        self.out.flush()
+        self.channel = None
 
     def write(self, label: str, delta: str) -> None:
         if label != self.channel:
@@ -219,8 +233,11 @@ def run(args) -> int:
         plot.check_available()
         check_output(args.plot, inputs=[args.audio, args.output_audio])
     samples = load_audio(args.audio)
+    from ..runtime.tools import read_tools_file
+
+    tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
-    session = model.session(args.system_prompt, seed=args.seed)
+    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     try:
         result = stream_samples(session, samples, extra, realtime=args.realtime, on_events=printer)
