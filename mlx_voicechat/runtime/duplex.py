@@ -31,6 +31,7 @@ from ..nets.layout import use_cpu_layout
 from ..nets.rnnt import decode_pieces, greedy_decode
 from ..noise import KeyNoise, NoiseSource
 from .audio import AudioError, load_audio, save_wav
+from .threads import note_mlx_thread
 
 
 class GenerationError(VoiceChatError, ValueError):
@@ -142,6 +143,7 @@ def start_session(
 ) -> DuplexCache:
     """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions
     (``progress(done, total)`` after each of those steps)."""
+    note_mlx_thread()
     use_cpu_layout(model)
     cfg = model.config
     pad = cfg.pad_token_id
@@ -331,24 +333,27 @@ def listen(
     audio,
     extra_decoding_seconds: float = 0.0,
     source_rate: Optional[int] = None,
-    max_frames: Optional[int] = None,
+    context: Optional[Tuple[int, int]] = None,
 ):
     """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
 
-    ``max_frames`` bounds the frames (audio + silence) before anything is allocated."""
+    ``context`` = (prompt tokens, LLM context) bounds the frames (audio + silence) before
+    anything is allocated."""
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
+    note_mlx_thread()
     use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
     pad = int(round(extra_decoding_seconds * rate))
-    if max_frames is not None:
+    if context is not None:
         # The encoder emits about one frame per input_samples_per_frame (one more at most).
         frames = (len(samples) + pad) // model.config.input_samples_per_frame
-        if frames > max_frames + 1:
+        prompt_tokens, limit = context
+        if prompt_tokens + frames > limit + 1:
             raise GenerationError(
-                f"the audio ({len(samples) / rate:.2f} s) and extra_decoding_seconds "
-                f"({extra_decoding_seconds:g} s) make about {frames} frames; with the system "
-                f"prompt the LLM's context has room for {max_frames}"
+                f"the system prompt ({prompt_tokens} tokens), the audio ({len(samples) / rate:.2f}"
+                f" s) and extra_decoding_seconds ({extra_decoding_seconds:g} s) need about "
+                f"{prompt_tokens + frames} positions; the LLM's context is {limit}"
             )
     if pad:
         samples = np.concatenate([samples, np.zeros(pad, dtype=np.float32)])
@@ -389,7 +394,7 @@ def generate(
         ids = prompt_ids(model, system_prompt)
     limit = cfg.text_args.max_position_embeddings
     projected, encoded, F = listen(
-        model, audio, extra_decoding_seconds, source_rate, max_frames=limit - len(ids)
+        model, audio, extra_decoding_seconds, source_rate, context=(len(ids), limit)
     )
     if len(ids) + F > limit:
         raise GenerationError(
