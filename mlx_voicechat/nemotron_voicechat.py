@@ -102,8 +102,31 @@ class Model(VoiceChatModel):
         kwargs = _generate_options(kwargs, GenerationError)
         return generate(self, audio, system_prompt, extra_decoding_seconds, seed, **kwargs)
 
+    def session(
+        self,
+        system_prompt: Optional[str] = None,
+        *,
+        seed: int = 0,
+        noise=None,
+        prompt=None,
+        max_seconds: Optional[float] = None,
+        tools=None,
+    ):
+        """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
+        from .runtime.session import Session
 
-GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress")
+        return Session(
+            self,
+            system_prompt,
+            seed=seed,
+            noise=noise,
+            prompt=prompt,
+            max_seconds=max_seconds,
+            tools=tools,
+        )
+
+
+GENERATE_OPTIONS = ("noise", "prompt", "source_rate", "progress", "prompt_progress", "tools")
 # Options of mlx-audio's generic STS command line that this model has no use for: the LLM is
 # greedy and the speech sampling is fixed by the checkpoint; there is one voice.
 IGNORED_OPTIONS = (

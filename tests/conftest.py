@@ -1,33 +1,11 @@
-import os
-from pathlib import Path
+"""Fixtures local to this folder's tests (the shared ones are in the top-level conftest.py)."""
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
-ORACLE = FIXTURES / "oracle"
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    """The tiny mlx-community checkpoint, loaded once per test module."""
+    from mlx_voicechat import load
 
-
-@pytest.fixture(scope="session")
-def oracle_dir():
-    return ORACLE
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory):
-    """Factory checkpoints of the same random weights in every layout, float and 4-bit."""
-    from mlx_voicechat.factory import make_checkpoint
-
-    root = tmp_path_factory.mktemp("ckpt")
-    out = {}
-    for layout in ("mlx-community", "nvidia", "mlx-audio"):
-        out[layout] = make_checkpoint(
-            root / layout, "tiny", layout, seed=0, max_shard_bytes=1 << 20
-        )
-    for layout in ("mlx-community", "mlx-audio"):
-        out[layout + "-4bit"] = make_checkpoint(
-            root / (layout + "-4bit"), "tiny", layout, quantize=4, seed=0
-        )
-    return out
+    return load(tiny_checkpoints["mlx-community"])

@@ -1,18 +1,17 @@
 """The character-aware subword encoder against NeMo (oracle file 03) and its vocabulary rules."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE
 from tokenizers import Tokenizer
 
 from mlx_voicechat.config import TTSConfig
 from mlx_voicechat.nets.char_encoder import CharAwareSubwordEncoder, build_char_table
 from mlx_voicechat.weights.sanitize import sanitize_module
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 PREFIX = "tts_model.tts_model.embed_subword."
 VOCAB = 400  # tiny-Nemotron-H
 

@@ -1,18 +1,17 @@
 """The codec against NeMo's RVQVAEModel (oracle file 03, float32), and streaming against offline."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from oracle_utils import ORACLE
 
 from mlx_voicechat.config import CodecConfig, VoiceChatConfig
 from mlx_voicechat.nets.codec import AudioCodec, replace_control_codes
 from mlx_voicechat.weights.sanitize import expected_shapes, sanitize_module
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 PREFIX = "tts_model.audio_codec."
 TOL = 1e-4
 STREAM_TOL = 1e-5

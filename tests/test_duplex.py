@@ -65,11 +65,6 @@ def test_replay_audio_on_aligned_frames(replay, nvidia, io04):
 # --- tiny factory checkpoint ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load(tiny_checkpoints["mlx-community"])
-
-
 def _wave(seconds, seed=1):
     rng = np.random.default_rng(seed)
     return (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)

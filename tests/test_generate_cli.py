@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mlx_voicechat import load
 from mlx_voicechat.cli import main
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.runtime.audio import AudioError
@@ -24,11 +23,6 @@ def question(tmp_path_factory):
     rng = np.random.default_rng(0)
     sf.write(path, (0.1 * rng.standard_normal(12000)).astype(np.float32), 16000)
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load(tiny_checkpoints["mlx-community"])
 
 
 def _check_wav(path, frames=None):

@@ -4,15 +4,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_voicechat import load
 from mlx_voicechat.runtime.duplex import duplex_step, prompt_ids, run_frames, start_session
 
 SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load(tiny_checkpoints["mlx-community"])
 
 
 @pytest.fixture

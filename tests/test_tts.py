@@ -1,11 +1,11 @@
 """EAR-TTS against NeMo 3.0.0 (oracle file 03, float32, tiny random weights)."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from oracle_utils import ORACLE
 from tokenizers import Tokenizer
 
 from mlx_voicechat.config import VoiceChatConfig
@@ -13,7 +13,6 @@ from mlx_voicechat.nets.tts import EarTTS, MoGHead, top_p_filter
 from mlx_voicechat.noise import KeyNoise, ReplayNoise
 from mlx_voicechat.weights.sanitize import sanitize_module
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
 TOL = 1e-4
 PREFIX = "tts_model.tts_model."
 

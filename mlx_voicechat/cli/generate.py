@@ -27,7 +27,11 @@ def add_parser(subparsers):
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
+    p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.add_argument(
+        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
+    )
     p.set_defaults(func=run)
     return p
 
@@ -82,6 +86,14 @@ def run(args) -> int:
     # Everything that can refuse the output is checked before the model loads.
     out = Path(args.output_audio)
     check_output(out, inputs=[args.audio])
+    from ..runtime.tools import read_tools_file
+
+    tools = read_tools_file(args.tools)
+    if args.plot:  # checked before the long work, like the WAV
+        from ..runtime import plot
+
+        plot.check_available()
+        check_output(args.plot, inputs=[args.audio, out])
     samples = load_audio(args.audio)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
     limit = model.config.text_args.max_position_embeddings
@@ -99,14 +111,21 @@ def run(args) -> int:
             seed=args.seed,
             progress=progress,
             prompt_progress=progress.prompt,
+            tools=tools or None,
         )
     finally:
         progress.close()
     result.save(out)
+    if args.plot:
+        _plot(model, result, samples, args)
     print(f"[user] {result.user_transcript}")
     print(result.text)
     if result.function_text:
         print(f"[function] {result.function_text}")
+    for call in result.tool_calls:
+        print(f"[tool call] {call.name}({call.arguments}) id={call.call_id}")
+    for message in result.tool_errors:
+        print(f"[tool call error] {message}")
     if not args.quiet:
         seconds = len(result.audio) / result.sample_rate
         print(
@@ -114,3 +133,21 @@ def run(args) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _plot(model, result, samples, args) -> None:
+    import numpy as np
+
+    from ..runtime import plot
+
+    rate = model.config.input_sample_rate
+    heard = np.concatenate(
+        [samples, np.zeros(int(round(args.extra_decoding_seconds * rate)), np.float32)]
+    )
+    user = plot.transcript_by_frame(model, samples, args.extra_decoding_seconds)
+    timeline = plot.Timeline.from_result(
+        model, result, heard, user, title=f"mlx-voicechat generate {args.audio}"
+    )
+    plot.save(timeline, args.plot)
+    if not args.quiet:
+        print(f"wrote {args.plot}", file=sys.stderr)

@@ -154,16 +154,22 @@ class Subsampling(CausalDwStridingSubsampling):
 
 
 class ContextAttention(RelPositionMultiHeadAttention):
-    """Rel-pos attention whose keys may start with cached left-context frames."""
+    """Rel-pos attention whose keys / values may start with cached left-context frames.
 
-    def __call__(self, x, pos_emb, mask=None, context=None, valid=None):
-        kv = x if context is None else mx.concatenate([context, x], axis=1)
+    Keys and values of a frame do not depend on where it sits (the position enters through
+    ``linear_pos``), so the left context's are cached as projected (``LayerCache.keys`` /
+    ``values``) and each call projects only its own frames."""
+
+    def __call__(self, x, pos_emb, mask=None, cache_kv=None, valid=None):
         B, Tq, _ = x.shape
-        Tk = kv.shape[1]
         H, d = self.n_head, self.head_dim
         q = self.linear_q(x).reshape(B, Tq, H, d)
-        k = self.linear_k(kv).reshape(B, Tk, H, d).transpose(0, 2, 1, 3)
-        v = self.linear_v(kv).reshape(B, Tk, H, d).transpose(0, 2, 1, 3)
+        k = self.linear_k(x).reshape(B, Tq, H, d).transpose(0, 2, 1, 3)
+        v = self.linear_v(x).reshape(B, Tq, H, d).transpose(0, 2, 1, 3)
+        if cache_kv is not None:
+            k = mx.concatenate([cache_kv[0], k], axis=2)
+            v = mx.concatenate([cache_kv[1], v], axis=2)
+        Tk = k.shape[2]
         p = self.linear_pos(pos_emb)
         p = p.reshape(p.shape[0], p.shape[1], H, d).transpose(0, 2, 1, 3)
         q_u = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
@@ -176,7 +182,7 @@ class ContextAttention(RelPositionMultiHeadAttention):
         if valid is not None:
             # NeMo masks every key of a padded query, and a fully masked row attends to nothing.
             o = o * valid
-        return self.linear_out(o)
+        return self.linear_out(o), (k, v)
 
 
 class CausalConvolution(ConformerConvolution):
@@ -197,8 +203,13 @@ class CausalConvolution(ConformerConvolution):
 
 @dataclass
 class LayerCache:
-    attention: Optional[mx.array] = None  # [B, <= left context, D] normed attention inputs
+    keys: Optional[mx.array] = None  # [B, heads, <= left context, head_dim], projected
+    values: Optional[mx.array] = None
     conv: Optional[mx.array] = None  # [B, kernel - 1, D] GLU outputs
+
+    @property
+    def context(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
 
 
 @dataclass
@@ -209,7 +220,7 @@ class EncoderCache:
     offset: int = 0
 
     def arrays(self):
-        return [a for c in self.layers for a in (c.attention, c.conv) if a is not None]
+        return [a for c in self.layers for a in (c.keys, c.values, c.conv) if a is not None]
 
 
 class ConformerLayer(ConformerBlock):
@@ -222,14 +233,15 @@ class ConformerLayer(ConformerBlock):
         cache = cache or LayerCache()
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         h = self.norm_self_att(x)
-        x = x + self.self_attn(h, pos_emb, mask, context=cache.attention, valid=valid)
+        kv = None if cache.keys is None else (cache.keys, cache.values)
+        att, (k, v) = self.self_attn(h, pos_emb, mask, cache_kv=kv, valid=valid)
+        x = x + att
         conv, conv_context = self.conv(self.norm_conv(x), context=cache.conv, valid=valid)
         x = x + conv
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        att = h if cache.attention is None else mx.concatenate([cache.attention, h], axis=1)
-        if left_context is not None:
-            att = att[:, max(att.shape[1] - left_context, 0) :]
-        return self.norm_out(x), LayerCache(att, conv_context)
+        if left_context is not None and k.shape[2] > left_context:
+            k, v = k[:, :, k.shape[2] - left_context :], v[:, :, v.shape[2] - left_context :]
+        return self.norm_out(x), LayerCache(k, v, conv_context)
 
 
 def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, right: int):
@@ -276,7 +288,7 @@ class FastConformer(nn.Module):
         frames already seen; returns the output and the advanced cache."""
         left, right = self.cfg.att_context_size
         T = x.shape[1]
-        ctx = 0 if cache.layers[0].attention is None else cache.layers[0].attention.shape[1]
+        ctx = cache.layers[0].context
         mask = None
         if self.cfg.att_context_style == "chunked_limited":
             mask = context_mask(cache.offset, T, cache.offset - ctx, ctx + T, left, right)

@@ -15,6 +15,7 @@ never spoken: without a prompt, audio frame 0 gets the codec's silence codes.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
@@ -32,6 +33,7 @@ from ..nets.rnnt import decode_pieces, greedy_decode
 from ..noise import KeyNoise, NoiseSource
 from .audio import AudioError, load_audio, save_wav
 from .threads import note_mlx_thread
+from .tools import calls_in, prepare_tools
 
 
 class GenerationError(VoiceChatError, ValueError):
@@ -118,14 +120,34 @@ def warmup_codes(model) -> mx.array:
     return memo[1]
 
 
-def prompt_ids(model, system_prompt: Optional[str]) -> List[int]:
-    """``[bos] + encode(prompt) + [eos]``, or no ids for an empty prompt (spec step 3)."""
-    if not system_prompt:
-        return []
+#: The prompt NVIDIA's own serving (vllm-omni) and mlx-audio use when none is given; ours too.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an AI voice assistant developed by NVIDIA. Your name is NVIDIA Voice Chat. "
+    "Answer in a spoken, conversational style rather than a written one. Do not repeat the "
+    "same sentence over and over again. Start the conversation by greeting the user."
+)
+
+
+def resolve_system_prompt(system_prompt: Optional[str]) -> str:
+    """The prompt text to use: ``None`` is :data:`DEFAULT_SYSTEM_PROMPT`, ``""`` is none."""
+    if system_prompt is None:
+        return DEFAULT_SYSTEM_PROMPT
     if not isinstance(system_prompt, str):
         raise GenerationError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
+    return system_prompt
+
+
+def prompt_ids(model, system_prompt: Optional[str]) -> List[int]:
+    """``[bos] + encode(prompt) + [eos]``, or no ids for an empty prompt (spec step 3);
+    ``None`` is :data:`DEFAULT_SYSTEM_PROMPT`."""
+    system_prompt = resolve_system_prompt(system_prompt)
+    if not system_prompt:
+        return []
     if model.tokenizer is None:
-        raise GenerationError("a system prompt needs the model's tokenizer; load it with one")
+        raise GenerationError(
+            "a system prompt needs the model's tokenizer; load it with one (system_prompt=None "
+            "is NVIDIA's default prompt; pass system_prompt='' for none)"
+        )
     ids = model.tokenizer.encode(system_prompt, add_special_tokens=False)
     return [model.config.bos_token_id] + list(ids) + [model.config.eos_token_id]
 
@@ -185,11 +207,18 @@ def start_session(
     )
 
 
-def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
+def think(
+    model,
+    cache: DuplexCache,
+    audio_frame: mx.array,
+    override: Optional[Callable[[mx.array], mx.array]] = None,
+) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
     Advances the LLM cache. The previous frame's ids are read on the device
-    (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them."""
+    (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them.
+    ``override`` maps the heads' ids to the ids this frame feeds back and speaks (a barge-in's
+    silence, a tool result's tokens), on the device."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
@@ -206,6 +235,8 @@ def think(model, cache: DuplexCache, audio_frame: mx.array) -> mx.array:
         [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
     )
     ids = ids.reshape(-1).astype(mx.int32)
+    if override is not None:
+        ids = override(ids).astype(mx.int32)
     cache.prev_ids = ids
     return ids
 
@@ -310,10 +341,34 @@ class GenerationResult:
     frames: int = 0
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
+    tool_calls: list = field(default_factory=list)  # ToolCall(call_id, name, arguments)
+    tool_errors: list = field(default_factory=list)  # malformed calls, as messages
 
     def save(self, path) -> Any:
         """Write the reply as mono PCM16 WAV at ``sample_rate``."""
         return save_wav(path, self.audio, self.sample_rate)
+
+    # mlx-audio's names for the same results (its VoiceChatOutput), as mx.array int32; each is
+    # converted from the stored field once, on first access.
+    @functools.cached_property
+    def text_tokens(self) -> mx.array:
+        """``text_ids`` as an ``mx.array`` [frames] int32."""
+        return mx.array(self.text_ids, dtype=mx.int32)
+
+    @functools.cached_property
+    def function_tokens(self) -> mx.array:
+        """``function_ids`` as an ``mx.array`` [frames] int32."""
+        return mx.array(self.function_ids, dtype=mx.int32)
+
+    @functools.cached_property
+    def audio_tokens(self) -> mx.array:
+        """``codes`` as an ``mx.array`` [frames, Q] int32."""
+        return mx.array(self.codes.astype(np.int32, copy=False))
+
+    @property
+    def audio_codes(self) -> mx.array:
+        """The same array as ``audio_tokens``."""
+        return self.audio_tokens
 
 
 def reply_text(model, ids: Sequence[int]) -> str:
@@ -333,23 +388,30 @@ def listen(
     audio,
     extra_decoding_seconds: float = 0.0,
     source_rate: Optional[int] = None,
-    context: Optional[Tuple[int, int]] = None,
+    max_frames: Optional[int] = None,
+    keep_frames: Optional[int] = None,
 ):
     """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
 
-    ``context`` = (prompt tokens, LLM context) bounds the frames (audio + silence) before
-    anything is allocated."""
+    ``max_frames`` bounds the frames (audio + silence) before anything is allocated;
+    ``keep_frames`` keeps only the first frames (the encoder is causal: the samples past them
+    are dropped before it runs, with two frames of margin)."""
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
     note_mlx_thread()
     use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
     pad = int(round(extra_decoding_seconds * rate))
-    if context is not None:
+    if keep_frames is not None:
+        keep = (keep_frames + 2) * model.config.input_samples_per_frame
+        samples = samples[:keep]
+        pad = max(0, min(pad, keep - len(samples)))
+    if max_frames is not None:
         # The encoder emits about one frame per input_samples_per_frame (one more at most).
         frames = (len(samples) + pad) // model.config.input_samples_per_frame
-        prompt_tokens, limit = context
-        if prompt_tokens + frames > limit + 1:
+        limit = model.config.text_args.max_position_embeddings
+        prompt_tokens = limit - max_frames
+        if frames > max_frames + 1:
             raise GenerationError(
                 f"the system prompt ({prompt_tokens} tokens), the audio ({len(samples) / rate:.2f}"
                 f" s) and extra_decoding_seconds ({extra_decoding_seconds:g} s) need about "
@@ -361,6 +423,8 @@ def listen(
     F = int(lengths[0].item())
     if F < 1:
         raise AudioError(f"the audio is too short: {len(samples)} samples give no 80 ms frame")
+    if keep_frames is not None:
+        F = min(F, keep_frames)
     return projected[:, :F], encoded[:, :F], F
 
 
@@ -375,26 +439,41 @@ def generate(
     source_rate: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     prompt_progress: Optional[Callable[[int, int], None]] = None,
+    tools: Optional[Sequence[Any]] = None,
+    max_frames: Optional[int] = None,
 ) -> GenerationResult:
     """The offline timeline: ``audio`` (path or array) -> text, function text, codes, reply audio.
 
     ``prompt`` gives the system prompt as ids directly (``[bos] + ... + [eos]``) instead of
     ``system_prompt``; ``noise`` replaces the seeded noise source; ``progress(done, total)`` is
     called after every frame, ``prompt_progress(done, total)`` after every TTS step over the
-    system prompt's positions. A model runs one call at a time, from any thread."""
+    system prompt's positions; ``max_frames`` keeps only the first frames of the audio (and
+    its trailing silence). ``system_prompt=None`` is :data:`DEFAULT_SYSTEM_PROMPT`, ``""`` none.
+    A model runs one call at a time, from any thread."""
     cfg = model.config
     if noise is None:
         seed = check_seed(seed)
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
+    if max_frames is not None and (
+        isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral) or max_frames < 1
+    ):
+        raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
+    if prompt is None:
+        system_prompt = resolve_system_prompt(system_prompt)
     if isinstance(prompt, (str, bytes)):
         raise GenerationError("prompt= takes token ids; pass a text prompt as system_prompt=")
+    if tools and prompt is not None:
+        raise GenerationError("tools are rendered into the system prompt text: pass "
+                              "system_prompt with tools, not prompt ids")
+    system_prompt, _, parser = prepare_tools(model, system_prompt, tools, seed if noise is None else 0)
     if prompt is not None:
         ids = check_prompt_ids(model, prompt)
     else:
         ids = prompt_ids(model, system_prompt)
     limit = cfg.text_args.max_position_embeddings
     projected, encoded, F = listen(
-        model, audio, extra_decoding_seconds, source_rate, context=(len(ids), limit)
+        model, audio, extra_decoding_seconds, source_rate, max_frames=limit - len(ids),
+        keep_frames=max_frames,
     )
     if len(ids) + F > limit:
         raise GenerationError(
@@ -417,6 +496,7 @@ def generate(
         cfg.audio_config.max_symbols,
     )
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
+    calls, call_errors = calls_in(parser, function_ids)
     return GenerationResult(
         user_transcript=transcript,
         text=reply_text(model, text_ids),
@@ -428,4 +508,6 @@ def generate(
         sample_rate=cfg.output_sample_rate,
         frames=F,
         seconds=F * cfg.frame_duration,
+        tool_calls=calls,
+        tool_errors=call_errors,
     )

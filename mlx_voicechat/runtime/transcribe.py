@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 
 from ..nets.rnnt import decode_pieces, greedy_decode
-from .audio import INPUT_SAMPLE_RATE, load_audio
+from .audio import load_audio
 
 
 @dataclass

@@ -1,0 +1,544 @@
+"""The streaming session: talk to the model as audio arrives, one 80 ms frame at a time.
+
+``Session.feed`` turns whatever audio has arrived into the frames that are now final and runs
+the same per-frame step as offline generation (``duplex.think`` / ``duplex.speak``) on each,
+returning one :class:`FrameEvent` per frame: the ids, the deltas of the assistant's text, the
+function channel and the user's words, the turn marks and 1764 samples of speech. For any
+chunking of the input the events equal :func:`duplex.generate` on the same samples (ids, codes
+and transcript identical; audio equal after the codec's fixed 6-sample delay).
+
+Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see
+``frontend``). Its RNNT tokens come out with the next host read (at most one frame later), and
+its audio lags the offline waveform by the codec's 6 samples (0.27 ms).
+
+Host reads: one per frame for the frame's decisions (the two ids the TTS and the client need,
+and the RNNT labels), which also carries the previous frame's audio when a ``feed`` completes
+several frames; the last frame of a ``feed`` has its audio read once more before ``feed``
+returns, so that every event holds its own speech.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import VoiceChatError
+from ..nets.codec import replace_control_codes
+from ..noise import KeyNoise, NoiseSource
+from . import duplex
+from .frontend import RNNTStream, StreamingPerception
+from .textstream import TextStream, TranscriptStream
+from .tools import ToolError, ToolResultQueue, prepare_tools, tool_result_ids
+
+
+class SessionError(VoiceChatError, ValueError):
+    """A call a session cannot take: bad audio, a closed or finished session."""
+
+
+@dataclass
+class FrameEvent:
+    index: int
+    text_id: int
+    function_id: int
+    codes: np.ndarray  # [Q] int32, after control-code replacement
+    audio: np.ndarray  # float32 at 22.05 kHz: 1764 samples (+ the codec's tail on the last)
+    text: str = ""
+    function_text: str = ""
+    transcript: str = ""
+    turn: Optional[str] = None  # "start" / "end" of an assistant turn at this frame
+    speaking: bool = False
+    tool_calls: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    end: Optional[str] = None  # why the session ended at this frame ("max_seconds")
+    forced: bool = False  # the ids fed back at this frame were forced (cancel / tool result)
+
+
+# --- the post-prompt state, computed once per (model, prompt, seed) -----------------------
+
+_SNAPSHOTS_MAX = 4
+_snapshot_lock = threading.Lock()
+
+
+def _copy_cache(caches: List[Any]) -> List[Any]:
+    """New cache objects over the same (immutable) arrays: mlx-lm caches update their arrays
+    by slice assignment, which rebinds the array object it is called on, so each copy gets
+    array objects of its own and a snapshot is never written through."""
+    out = []
+    for c in caches:
+        new = c.__class__.__new__(c.__class__)
+        new.__dict__.update(c.__dict__)
+        for name in ("keys", "values"):
+            a = getattr(c, name, None)
+            if isinstance(a, mx.array):
+                setattr(new, name, mx.array(a))
+        out.append(new)
+    return out
+
+
+def _cache_arrays(cache) -> List[Any]:
+    try:
+        state = cache.state
+    except Exception:  # an empty cache has no state yet
+        return []
+    if isinstance(state, mx.array):
+        return [state]
+    return [a for a in state if isinstance(a, mx.array)]
+
+
+def _weights_key(model) -> tuple:
+    speech = model.tts_model
+    return (id(speech.tts_model.rvq_embs), id(speech.audio_prompt_latents[model.config.speaker]))
+
+
+def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSource]):
+    """``duplex.start_session`` for a new session. With the default noise the TTS state after
+    the warm-up and the prompt positions depends only on (weights, prompt, seed): it is kept
+    and each later session starts from a copy of it."""
+    if noise is not None:
+        return duplex.start_session(model, prompt, noise=noise, seed=seed)
+    memo = getattr(model, "_session_snapshots", None)
+    if memo is None:
+        memo = OrderedDict()
+        object.__setattr__(model, "_session_snapshots", memo)
+    key = (_weights_key(model), tuple(int(i) for i in prompt), int(seed))
+    with _snapshot_lock:
+        snap = memo.get(key)
+        if snap is not None:
+            memo.move_to_end(key)
+    if snap is None:
+        cache = duplex.start_session(model, prompt, seed=seed)
+        mx.eval(cache.previous_code, cache.noise.key, *[s for c in cache.tts for s in c.state])
+        snap = cache
+        with _snapshot_lock:
+            memo[key] = snap
+            while len(memo) > _SNAPSHOTS_MAX:
+                memo.popitem(last=False)
+    noise_copy = KeyNoise.__new__(KeyNoise)
+    noise_copy.key = snap.noise.key
+    return duplex.DuplexCache(
+        llm=model.stt_model.llm.make_cache(),
+        tts=_copy_cache(snap.tts),
+        previous_code=snap.previous_code,
+        noise=noise_copy,
+        prefix=snap.prefix,
+        prompt_frames=snap.prompt_frames,
+        prev_ids=snap.prev_ids,
+        position=snap.position,
+    )
+
+
+def _output_parts(codes: mx.array, audio: mx.array) -> List[mx.array]:
+    """A frame's codes and audio as int32 parts of one host read (the audio's float32 bits
+    viewed as int32, so nothing is converted)."""
+    return [codes.reshape(-1).astype(mx.int32), mx.view(audio.reshape(-1), mx.int32)]
+
+
+def _read(words: mx.array) -> np.ndarray:
+    """One host read of int32 words (``tolist``: the read the sync counters see)."""
+    return np.array(words.tolist(), dtype=np.int32)
+
+
+def _fill(event: "FrameEvent", read: np.ndarray, q: int) -> "FrameEvent":
+    """Set ``event.codes`` / ``event.audio`` from the int32 words of ``_output_parts``."""
+    event.codes = read[:q].astype(np.int32)
+    event.audio = read[q:].view(np.float32)
+    return event
+
+
+# --- the session ----------------------------------------------------------------------------
+
+
+class Session:
+    """One conversation: see the module docstring. Use it from one thread at a time (any
+    thread); two sessions of one model may run in two threads."""
+
+    def __init__(
+        self,
+        model,
+        system_prompt: Optional[str] = None,
+        *,
+        seed: int = 0,
+        noise: Optional[NoiseSource] = None,
+        prompt: Optional[Sequence[int]] = None,
+        max_seconds: Optional[float] = None,
+        tools: Optional[Sequence[Any]] = None,
+    ):
+        self.model = model
+        cfg = model.config
+        self.config = cfg
+        self.seed = duplex.check_seed(seed)
+        self._noise = noise
+        if tools and prompt is not None:
+            raise SessionError(
+                "tools are rendered into the system prompt text: pass system_prompt with "
+                "tools, not prompt ids"
+            )
+        system_prompt, self.tools, self._parser = prepare_tools(model, system_prompt, tools, self.seed)
+        if prompt is not None:
+            self.prompt_ids = duplex.check_prompt_ids(model, prompt)
+        else:
+            self.prompt_ids = duplex.prompt_ids(model, system_prompt)
+        limit = cfg.text_args.max_position_embeddings - len(self.prompt_ids)
+        if limit < 1:
+            raise SessionError(
+                f"the system prompt is {len(self.prompt_ids)} tokens; the LLM's context is "
+                f"{cfg.text_args.max_position_embeddings} positions and the audio needs at least one"
+            )
+        if max_seconds is not None:
+            if not isinstance(max_seconds, (int, float)) or not np.isfinite(max_seconds) or max_seconds <= 0:
+                raise SessionError(f"max_seconds must be a positive number, got {max_seconds!r}")
+            limit = min(limit, max(1, int(max_seconds / cfg.frame_duration)))
+        self.max_frames = limit
+        self.input_sample_rate = cfg.input_sample_rate
+        self.output_sample_rate = cfg.output_sample_rate
+        speech = model.tts_model
+        self.samples_per_frame = speech.audio_codec.samples_per_frame
+        self.input_samples_per_frame = cfg.input_samples_per_frame
+        stt = model.stt_model
+        self._frontend = StreamingPerception(stt.perception)
+        self._rnnt = RNNTStream(
+            stt.rnnt_decoder, stt.rnnt_joint, stt.rnnt_joint.blank_id, cfg.audio_config.max_symbols
+        )
+        self._resamplers = {}
+        self._closed = False
+        self._start()
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        cfg = self.config
+        self._cache = open_state(self.model, self.prompt_ids, self.seed, self._noise)
+        self._frontend.reset()
+        self._rnnt.reset()
+        self._codec_cache = self.model.tts_model.audio_codec.make_decode_cache()
+        self._text = TextStream(self.model, cfg)
+        self._function = TextStream(self.model, cfg)
+        self._transcript = TranscriptStream(self.model.rnnt_vocabulary)
+        self._rows: Optional[mx.array] = None  # projected rows not yet run, [1, n, H]
+        self.frames = 0
+        self.speaking = False
+        self._quiet = False
+        self._forced: List[tuple] = []  # queued (text_id or None, function_id or None)
+        self._results = ToolResultQueue()
+        self._calls = self._parser
+        if self._calls is not None:
+            self._calls.reset()
+        self.tool_frames = 0  # frames whose function id was a tool result's token
+        self._finished = None  # why the session stopped taking input
+        self._resamplers.clear()
+        self.transcript_tokens: List[int] = []
+        self._settle()
+
+    def _settle(self) -> None:
+        """Schedule every array the next call will read: an array left lazy belongs to the
+        streams of the thread that made it, and the next call may come from another thread."""
+        c = self._cache
+        arrays = [c.prev_ids, c.previous_code, getattr(c.noise, "key", None), c.prefix, self._rows]
+        arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
+        arrays += self._frontend.arrays() + self._rnnt.arrays()
+        arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
+        arrays += list(self._codec_cache.conv_tails)
+        mx.async_eval(*[a for a in arrays if isinstance(a, mx.array)])
+
+    def reset(self) -> None:
+        """Back to the state right after the system prompt (a new conversation)."""
+        self._check_open()
+        self._start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._rows = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionError("the session is closed")
+
+    def _check_input(self) -> None:
+        self._check_open()
+        if self._finished is not None:
+            raise SessionError(
+                f"the session has ended ({self._finished}); call reset() to start a new conversation"
+            )
+
+    @property
+    def pending_samples(self) -> int:
+        """16 kHz samples received that are not yet part of an emitted frame."""
+        done = self._frontend.samples_needed(self.frames) if self.frames else 0
+        return max(self._frontend.received - done, 0) if self.frames else self._frontend.received
+
+    def samples_needed(self, k: int) -> int:
+        """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
+        return self._frontend.samples_needed(k)
+
+    @property
+    def ready_before_slot_end(self) -> int:
+        """How many samples before the end of its 80 ms slot a frame is computed (1081)."""
+        return self.input_samples_per_frame - self._frontend.samples_needed(0)
+
+    @property
+    def finished(self) -> Optional[str]:
+        return self._finished
+
+    # -- control -----------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Barge-in: from the next frame the text channel is fed the silence id (so nothing is
+        spoken) until the model starts a new turn (its text head gives BOS)."""
+        self._check_open()
+        self._quiet = True
+
+    def force(self, text_id: Optional[int] = None, function_id: Optional[int] = None) -> None:
+        """Queue ids to feed back on the next frame instead of the heads' (None: the head's)."""
+        self._check_open()
+        vocab = self.config.text_args.vocab_size
+        for v in (text_id, function_id):
+            if v is not None and not (isinstance(v, (int, np.integer)) and 0 <= int(v) < vocab):
+                raise SessionError(f"forced ids must be ints in [0, {vocab}), got {v!r}")
+        self._forced.append((text_id, function_id))
+
+    def add_tool_result(self, call_id: str, output: Any) -> int:
+        """Queue a tool's result for the call ``call_id``; from the next frame on it is fed to
+        the model one token per frame on the function channel (the text channel gets pad, so
+        nothing is spoken meanwhile). Returns how many frames it takes."""
+        self._check_open()
+        if self._calls is None:
+            raise ToolError("this session has no tools; open it with model.session(..., tools=[...])")
+        ids = tool_result_ids(self.model.tokenizer, output)
+        self._results.add(call_id, ids)
+        return len(ids)
+
+    def _next_forced(self) -> tuple:
+        """(text, function, from a tool result) for the next frame; None: the head's id."""
+        if self._forced:
+            return self._forced.pop(0) + (False,)
+        token = self._results.next_forced()
+        if token is not None:
+            self.tool_frames += 1
+            return self.config.pad_token_id, token, True
+        return None, None, False
+
+    def _override(self, text, function) -> Optional[Callable[[mx.array], mx.array]]:
+        cfg = self.config
+        if self._quiet and text is None:
+            bos, silence = cfg.bos_token_id, cfg.silence_token_id
+
+            def quiet(ids, function=function):
+                head = ids[0]
+                t = mx.where(head == bos, head, mx.array(silence, dtype=ids.dtype))
+                f = ids[1] if function is None else mx.array(function, dtype=ids.dtype)
+                return mx.stack([t, f])
+
+            return quiet
+        if text is None and function is None:
+            return None
+        fixed = mx.array(
+            [-1 if text is None else text, -1 if function is None else function], dtype=mx.int32
+        )
+        return lambda ids: mx.where(fixed >= 0, fixed, ids)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def _samples(self, samples, sample_rate) -> np.ndarray:
+        if sample_rate is not None:
+            if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
+                raise SessionError(f"sample_rate must be a positive integer, got {sample_rate!r}")
+        if isinstance(samples, mx.array):
+            samples = np.array(samples)
+        x = np.asarray(samples)
+        if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+            raise SessionError(f"audio samples must be numbers, got an array of {x.dtype}")
+        if x.ndim == 2 and 1 in x.shape:
+            x = x.reshape(-1)
+        if x.ndim != 1:
+            raise SessionError(
+                f"feed takes mono samples as a 1-D array, got shape {tuple(x.shape)}"
+            )
+        if np.issubdtype(x.dtype, np.integer):
+            info = np.iinfo(x.dtype)
+            x = x.astype(np.float32) / float(max(abs(info.min), info.max))
+        else:
+            x = x.astype(np.float32)
+            if x.size and not np.isfinite(x).all():
+                raise SessionError("audio samples must be finite (got NaN or infinity)")
+        rate = self.input_sample_rate
+        if sample_rate is not None and int(sample_rate) != rate and x.size:
+            x = self._resample(x, int(sample_rate))
+        return x
+
+    def _resample(self, x: np.ndarray, source: int) -> np.ndarray:
+        try:
+            import soxr
+        except ImportError:  # pragma: no cover - soxr is a dependency
+            raise SessionError("resampling needs python-soxr (pip install soxr)") from None
+        stream = self._resamplers.get(source)
+        if stream is None:
+            stream = self._resamplers[source] = soxr.ResampleStream(
+                source, self.input_sample_rate, 1, dtype="float32"
+            )
+        return stream.resample_chunk(x)
+
+    def feed(self, samples, sample_rate: Optional[int] = None) -> List[FrameEvent]:
+        """Add mono audio (int or float PCM, at 16 kHz or ``sample_rate``); returns the events of
+        every frame that became final with it."""
+        self._check_input()
+        x = self._samples(samples, sample_rate)
+        out = self._frontend.push(x)
+        return self._run(out)
+
+    def silence(self, frames: int) -> List[FrameEvent]:
+        """Advance the clock by ``frames`` 80 ms frames of silent input."""
+        if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 0:
+            raise SessionError(f"silence takes a number of frames >= 0, got {frames!r}")
+        self._check_input()
+        return self._run(self._frontend.push(np.zeros(int(frames) * self.input_samples_per_frame, np.float32)))
+
+    def finish(self, extra_decoding_seconds: float = 3.0) -> List[FrameEvent]:
+        """End of the user's input: ``extra_decoding_seconds`` of trailing silence so the reply
+        can finish, the frames that the end of input makes final, and the codec's tail."""
+        self._check_input()
+        try:
+            extra = float(extra_decoding_seconds)
+        except (TypeError, ValueError):
+            raise SessionError(
+                f"extra_decoding_seconds must be a number, got {extra_decoding_seconds!r}"
+            ) from None
+        if not np.isfinite(extra) or extra < 0:
+            raise SessionError(f"extra_decoding_seconds must be finite and >= 0, got {extra}")
+        rate = self.input_sample_rate
+        room = (self.max_frames - self.frames + 1) * self.input_samples_per_frame
+        pad = min(int(round(extra * rate)), max(room, 0))
+        for resampler in self._resamplers.values():  # what the resamplers still hold
+            tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            if tail.size:
+                self._frontend.push(tail)
+        self._resamplers.clear()
+        events = self._run(self._frontend.push(np.zeros(pad, np.float32)))
+        if self._finished is None:
+            events += self._run(self._frontend.finish(), last=True)
+            if self._finished is None:
+                self._finished = "finished"
+        return events
+
+    # -- the frame loop --------------------------------------------------------------------------
+
+    def _run(self, rows, last: bool = False) -> List[FrameEvent]:
+        events: List[FrameEvent] = []
+        if rows is not None:
+            projected, encoded = rows
+            self._rnnt.push(encoded)
+            self._rows = projected if self._rows is None else mx.concatenate([self._rows, projected], axis=1)
+        model = self.model
+        speech = model.tts_model
+        codec = speech.audio_codec
+        Q = self.config.tts_config.num_quantizers
+        pending = None  # (event, codes, audio) of the frame whose output is not read yet
+        while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
+            row = self._rows[:, :1]
+            self._rows = self._rows[:, 1:]
+            text_force, function_force, injected = self._next_forced()
+            forced = self._quiet or text_force is not None or function_force is not None
+            ids = duplex.think(model, self._cache, row, self._override(text_force, function_force))
+            labels = self._rnnt.queue()
+            n_labels = 0 if labels is None else labels.shape[0]
+            parts = [ids] + ([labels] if labels is not None else [])
+            if pending is not None:
+                parts += _output_parts(pending[1], pending[2])
+            read = _read(mx.concatenate(parts))  # the frame's one host read
+            text_id, function_id = int(read[0]), int(read[1])
+            if pending is not None:
+                events.append(_fill(pending[0], read[2 + n_labels :], Q))
+            tokens = self._rnnt.advance(read[2 : 2 + n_labels].tolist()) if n_labels else []
+            codes = duplex.speak(model, self._cache, text_id, self._cache.position)
+            self._cache.position += 1
+            with mx.stream(duplex.speech_stream()):
+                codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
+                wave, self._codec_cache = codec.decode_step(codes[None], self._codec_cache)
+                audio = wave[0].astype(mx.float32)
+                mx.async_eval(audio, codes)
+            event = FrameEvent(self.frames, text_id, function_id, None, None, forced=forced)
+            self._annotate(event, tokens)
+            if self._calls is not None and not injected:
+                event.tool_calls, event.errors = self._calls.feed(function_id)
+                for call in event.tool_calls:
+                    self._results.expect(call.call_id)
+            self.frames += 1
+            if self.frames >= self.max_frames:
+                self._finished = event.end = "max_seconds"
+            pending = (event, codes, audio)
+        self._settle()
+        if pending is not None:
+            event, codes, audio = pending
+            if last or event.end is not None:
+                tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
+                audio = mx.concatenate([audio, tail])
+            events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
+            if last or event.end is not None:
+                self._drain_rnnt(event)
+                if self._calls is not None:
+                    unfinished = self._calls.close()
+                    if unfinished:
+                        event.errors.append(unfinished)
+        return events
+
+    def _drain_rnnt(self, event: FrameEvent) -> None:
+        """At the end of input: the RNNT tokens still to come go on the last event."""
+        while not self._rnnt.done:
+            labels = self._rnnt.queue()
+            self._add_tokens(event, self._rnnt.advance(labels.tolist()))
+
+    def _add_tokens(self, event: FrameEvent, tokens) -> None:
+        for token, _frame in tokens:
+            self.transcript_tokens.append(token)
+            event.transcript += self._transcript.add(token)
+
+    def _annotate(self, event: FrameEvent, tokens) -> None:
+        cfg = self.config
+        self._add_tokens(event, tokens)
+        t = event.text_id
+        event.text = self._text.add(t)
+        event.function_text = self._function.add(event.function_id)
+        if self._quiet and t == cfg.bos_token_id:
+            self._quiet = False
+        if not self.speaking and t not in (cfg.pad_token_id, cfg.silence_token_id, cfg.eos_token_id):
+            self.speaking, event.turn = True, "start"
+        elif self.speaking and (t == cfg.eos_token_id or (self._quiet and event.forced)):
+            self.speaking, event.turn = False, "end"
+        event.speaking = self.speaking or event.turn == "end"
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def memory_per_minute(self) -> dict:
+        """Bytes a session's caches grow by per minute of conversation (see the README)."""
+        return memory_per_minute(self.model)
+
+
+def memory_per_minute(model) -> dict:
+    cfg = model.config
+    args = cfg.text_args
+    frames = int(round(60.0 / cfg.frame_duration))
+    llm_dtype = model.stt_model.lm_head.weight.dtype
+    if llm_dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        llm_dtype = mx.bfloat16
+    pattern = getattr(args, "hybrid_override_pattern", "") or ""
+    n_attn = sum(1 for c in pattern if c == "*")
+    llm = n_attn * 2 * args.num_key_value_heads * args.head_dim * llm_dtype.size * frames
+    tts = cfg.tts_config
+    tts_dtype = model.tts_model.tts_model.embed_code.weight.dtype
+    if tts_dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        tts_dtype = mx.bfloat16
+    per_layer = 2 * 2 * tts.num_key_value_heads * tts.head_dim * tts_dtype.size  # cond + uncond
+    n_global = sum(1 for i in range(tts.num_hidden_layers) if tts.is_global_layer(i))
+    n_local = tts.num_hidden_layers - n_global
+    window_minutes = tts.sliding_window * cfg.frame_duration / 60.0
+    return {
+        "llm_kv": llm,
+        "tts_global_kv": n_global * per_layer * frames,
+        "tts_window_kv": n_local * per_layer * frames,
+        "tts_window_minutes": window_minutes,
+        "total_after_window": llm + n_global * per_layer * frames,
+    }

@@ -1,0 +1,282 @@
+"""The streaming session: exact to offline for any chunking, minimal latency, one read per
+frame, fast open, threads, bad input, long sessions, barge-in."""
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from oracle_utils import ORACLE
+
+from mlx_voicechat import load
+from mlx_voicechat.errors import VoiceChatError
+from mlx_voicechat.noise import ReplayNoise
+from mlx_voicechat.runtime import duplex
+from mlx_voicechat.runtime.session import SessionError
+
+SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
+
+
+@pytest.fixture(scope="module")
+def nvidia():
+    return load(ORACLE / "nvidia-layout")
+
+
+@pytest.fixture(scope="module")
+def io04():
+    return dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
+
+
+def _noise(io):
+    return ReplayNoise(io["noise_gumbel"], io["noise_randn"])
+
+
+@pytest.fixture(scope="module")
+def offline04(nvidia, io04):
+    return nvidia.generate(
+        io04["wav"][0],
+        prompt=io04["prompt_tokens"][0].tolist(),
+        extra_decoding_seconds=0.0,
+        noise=_noise(io04),
+    )
+
+
+def _run(session, wave, chunks, extra=0.0, rate=None):
+    events, i = [], 0
+    for n in chunks:
+        events += session.feed(wave[i : i + n], sample_rate=rate)
+        i += n
+    assert i >= len(wave)
+    events += session.finish(extra)
+    return events
+
+
+def _chunks(total, size):
+    return [size] * (total // size + 1)
+
+
+def _random_chunks(total, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    while sum(out) < total:
+        out.append(int(rng.choice([0, 1, 7, 160, 999, 1280, 3001, 6000])))
+    return out
+
+
+def _same_as_offline(events, off):
+    assert [e.index for e in events] == list(range(len(off.text_ids)))
+    assert [e.text_id for e in events] == off.text_ids
+    assert [e.function_id for e in events] == off.function_ids
+    assert np.array_equal(np.stack([e.codes for e in events]), off.codes)
+    assert "".join(e.transcript for e in events) == off.user_transcript
+    assert "".join(e.text for e in events) == off.text
+    assert "".join(e.function_text for e in events) == off.function_text
+    audio = np.concatenate([e.audio for e in events])
+    assert all(e.audio.shape == (1764,) for e in events[:-1])
+    assert audio.shape == (off.audio.shape[0] + 6,)  # the codec's fixed delay
+    assert np.max(np.abs(audio[6:] - off.audio)) <= 1e-6
+    assert np.all(audio[:6] == 0)
+
+
+@pytest.mark.parametrize("size", [1, 160, 1279, 1280, 1281, 4000])
+def test_oracle04_any_chunking_equals_offline(nvidia, io04, offline04, size):
+    wave = io04["wav"][0]
+    s = nvidia.session(prompt=io04["prompt_tokens"][0].tolist(), noise=_noise(io04))
+    _same_as_offline(_run(s, wave, _chunks(len(wave), size)), offline04)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_oracle04_random_chunks_and_int16(nvidia, io04, offline04, seed):
+    wave = io04["wav"][0]
+    s = nvidia.session(prompt=io04["prompt_tokens"][0].tolist(), noise=_noise(io04))
+    _same_as_offline(_run(s, wave, _random_chunks(len(wave), seed)), offline04)
+
+
+# --- tiny factory model ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return load(tiny_checkpoints["mlx-community"])
+
+
+def _wave(seconds, seed=1):
+    rng = np.random.default_rng(seed)
+    return (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_offline(tiny):
+    return tiny.generate(_wave(1.3), system_prompt="Be brief.", extra_decoding_seconds=0.5, seed=3)
+
+
+def test_tiny_prompt_seed_and_trailing_silence_equal_offline(tiny, tiny_offline):
+    wave = _wave(1.3)
+    s = tiny.session("Be brief.", seed=3)
+    _same_as_offline(_run(s, wave, _random_chunks(len(wave), 5), extra=0.5), tiny_offline)
+    s.reset()  # a new conversation from the post-prompt state gives the same again
+    _same_as_offline(_run(s, wave, _chunks(len(wave), 1280), extra=0.5), tiny_offline)
+
+
+def test_second_session_starts_from_the_first_ones_state(tiny, tiny_offline, monkeypatch):
+    calls = []
+    real = duplex.start_session
+    monkeypatch.setattr(duplex, "start_session", lambda *a, **k: calls.append(1) or real(*a, **k))
+    wave = _wave(1.3)
+    for _ in range(2):
+        s = tiny.session("Be brief.", seed=3)
+        _same_as_offline(_run(s, wave, _chunks(len(wave), 4000), extra=0.5), tiny_offline)
+    assert calls == []  # the fixture's session already computed this prompt's state
+    tiny.session("Another prompt.", seed=3)
+    tiny.session("Be brief.", seed=4)
+    assert len(calls) == 2
+
+
+def test_frame_k_comes_out_once_1280k_plus_199_samples_are_in(tiny):
+    wave = _wave(0.5)
+    for size in (1, 32):
+        s = tiny.session(seed=0)
+        assert s.ready_before_slot_end == 1081 and s.samples_needed(2) == 2759
+        seen = {}
+        for i in range(0, len(wave), size):
+            for e in s.feed(wave[i : i + size]):
+                seen[e.index] = i + size  # samples in when the frame came out
+        assert len(seen) == 7
+        for k, n in seen.items():
+            need = 1280 * k + 199
+            assert need <= n < need + size, (k, n, size)
+
+
+def _count_reads(monkeypatch):
+    count = [0]
+
+    def counting(orig):
+        def f(*a, **k):
+            count[0] += 1
+            return orig(*a, **k)
+
+        return f
+
+    for name in SYNC_METHODS:
+        monkeypatch.setattr(mx.array, name, counting(getattr(mx.array, name)))
+    monkeypatch.setattr(mx, "eval", counting(mx.eval))
+    return count
+
+
+def test_one_host_read_per_frame(tiny, monkeypatch):
+    wave = _wave(2.0)
+    s = tiny.session("Hi there.", seed=0)
+    s.feed(wave[:1280])  # frame 0 (the prompt's prefill)
+    count = _count_reads(monkeypatch)
+    before = s.frames
+    events = s.feed(wave[1280 : 1280 * 12])
+    n = s.frames - before
+    assert len(events) == n >= 9
+    # n reads of the frames' decisions (each carrying the previous frame's audio), and one
+    # for the last frame's audio, so that feed hands out every frame's speech.
+    assert count[0] == n + 1
+    count[0] = 0
+    one = s.feed(wave[1280 * 12 : 1280 * 13])
+    assert len(one) == 1 and count[0] == 2
+
+
+def test_bad_input_is_one_clear_error_and_the_session_goes_on(tiny):
+    s = tiny.session(seed=0)
+    wave = _wave(0.3)
+    bad = [
+        (np.array([0.1, np.nan]), None, "finite"),
+        (np.array([0.0, np.inf]), None, "finite"),
+        (np.zeros((3, 400)), None, "1-D"),
+        (np.array(["a"]), None, "numbers"),
+        (wave, 0, "sample_rate"),
+        (wave, -16000, "sample_rate"),
+        (wave, 1.5, "sample_rate"),
+    ]
+    for samples, rate, word in bad:
+        with pytest.raises(SessionError, match=word):
+            s.feed(samples, sample_rate=rate)
+    with pytest.raises(SessionError, match="frames"):
+        s.silence(-1)
+    with pytest.raises(SessionError, match="extra_decoding_seconds"):
+        s.finish(float("nan"))
+    assert len(s.feed(wave)) == 4  # still usable
+    assert issubclass(SessionError, VoiceChatError)
+    s.close()
+    with pytest.raises(SessionError, match="closed"):
+        s.feed(wave)
+
+
+def test_silence_and_other_rates(tiny):
+    s = tiny.session(seed=0)
+    assert len(s.silence(4)) == 4  # frame 3 is final 1081 samples before its slot ends
+    s = tiny.session(seed=0)
+    x16 = (np.clip(_wave(0.6), -1, 1) * 32767).astype(np.int16)
+    a = _run(s, x16, [len(x16)])
+    b = _run(tiny.session(seed=0), x16.astype(np.float32) / 32768.0, [len(x16)])
+    assert [e.text_id for e in a] == [e.text_id for e in b]
+    # 24 kHz in: a stateful resampler, so chunk joins leave no seam
+    x24 = _wave(0.9, seed=4)
+    one = _run(tiny.session(seed=0), x24, [len(x24)], rate=24000)
+    many = _run(tiny.session(seed=0), x24, _random_chunks(len(x24), 2), rate=24000)
+    assert [e.text_id for e in one] == [e.text_id for e in many]
+    assert np.array_equal(np.stack([e.codes for e in one]), np.stack([e.codes for e in many]))
+    assert len(one) == 9  # 0.6 s: 7 frames in time, 2 more at the end of input
+
+
+def test_max_seconds_ends_the_session_cleanly(tiny):
+    s = tiny.session(seed=0, max_seconds=0.4)  # 5 frames
+    events = s.feed(_wave(2.0))
+    assert len(events) == 5 and events[-1].end == "max_seconds"
+    assert all(e.end is None for e in events[:-1])
+    assert events[-1].audio.shape == (1764 + 6,)
+    with pytest.raises(SessionError, match="max_seconds"):
+        s.feed(_wave(0.1))
+    s.reset()
+    assert len(s.feed(_wave(0.3))) == 4
+    per_minute = s.memory_per_minute()
+    assert per_minute["llm_kv"] > 0 and per_minute["tts_global_kv"] > 0
+
+
+def test_cancel_feeds_silence_until_a_new_turn(tiny):
+    cfg = tiny.config
+    s = tiny.session(seed=0)
+    s.feed(_wave(0.3))
+    s.cancel()
+    events = s.feed(_wave(0.5, seed=2))
+    assert events and all(e.forced for e in events)
+    assert all(e.text_id in (cfg.silence_token_id, cfg.bos_token_id) for e in events)
+    assert all(e.text == "" for e in events)
+    # forced ids are what the next frame's LLM reads back
+    s.force(text_id=cfg.pad_token_id, function_id=5)
+    (e,) = s.feed(_wave(0.08, seed=3))
+    assert e.forced and e.function_id == 5 and e.text_id in (cfg.pad_token_id, cfg.bos_token_id)
+    with pytest.raises(SessionError, match="forced ids"):
+        s.force(text_id=cfg.text_args.vocab_size)
+
+
+def test_two_sessions_in_two_threads_equal_alone(tiny, tiny_offline):
+    wave = _wave(1.3)
+    results, errors = {}, []
+
+    def work(name, seed):
+        try:
+            s = tiny.session("Be brief.", seed=seed)
+            results[name] = _run(s, wave, _chunks(len(wave), 1280), extra=0.5)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n, 3)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for name in ("a", "b"):
+        _same_as_offline(results[name], tiny_offline)
+    # a session made here and fed from another thread
+    s = tiny.session("Be brief.", seed=3)
+    box = []
+    t = threading.Thread(target=lambda: box.append(_run(s, wave, [len(wave)], extra=0.5)))
+    t.start()
+    t.join(timeout=120)
+    _same_as_offline(box[0], tiny_offline)
