@@ -253,6 +253,7 @@ def speech_stream() -> mx.Stream:
         streams = _SPEECH_STREAMS.by_device = {}
     stream = streams.get(key)
     if stream is None:
+        note_mlx_thread()
         stream = streams[key] = mx.new_stream(device)
     return stream
 
