@@ -135,7 +135,7 @@ def test_second_session_starts_from_the_first_ones_state(tiny, tiny_offline, mon
 def test_frame_k_comes_out_once_1280k_plus_199_samples_are_in(tiny):
     wave = _wave(0.5)
     for size in (1, 32):
-        s = tiny.session(seed=0)
+        s = tiny.session("", seed=0)
         assert s.ready_before_slot_end == 1081 and s.samples_needed(2) == 2759
         seen = {}
         for i in range(0, len(wave), size):
@@ -181,7 +181,7 @@ def test_one_host_read_per_frame(tiny, monkeypatch):
 
 
 def test_bad_input_is_one_clear_error_and_the_session_goes_on(tiny):
-    s = tiny.session(seed=0)
+    s = tiny.session("", seed=0)
     wave = _wave(0.3)
     bad = [
         (np.array([0.1, np.nan]), None, "finite"),
@@ -207,24 +207,24 @@ def test_bad_input_is_one_clear_error_and_the_session_goes_on(tiny):
 
 
 def test_silence_and_other_rates(tiny):
-    s = tiny.session(seed=0)
+    s = tiny.session("", seed=0)
     assert len(s.silence(4)) == 4  # frame 3 is final 1081 samples before its slot ends
-    s = tiny.session(seed=0)
+    s = tiny.session("", seed=0)
     x16 = (np.clip(_wave(0.6), -1, 1) * 32767).astype(np.int16)
     a = _run(s, x16, [len(x16)])
-    b = _run(tiny.session(seed=0), x16.astype(np.float32) / 32768.0, [len(x16)])
+    b = _run(tiny.session("", seed=0), x16.astype(np.float32) / 32768.0, [len(x16)])
     assert [e.text_id for e in a] == [e.text_id for e in b]
     # 24 kHz in: a stateful resampler, so chunk joins leave no seam
     x24 = _wave(0.9, seed=4)
-    one = _run(tiny.session(seed=0), x24, [len(x24)], rate=24000)
-    many = _run(tiny.session(seed=0), x24, _random_chunks(len(x24), 2), rate=24000)
+    one = _run(tiny.session("", seed=0), x24, [len(x24)], rate=24000)
+    many = _run(tiny.session("", seed=0), x24, _random_chunks(len(x24), 2), rate=24000)
     assert [e.text_id for e in one] == [e.text_id for e in many]
     assert np.array_equal(np.stack([e.codes for e in one]), np.stack([e.codes for e in many]))
     assert len(one) == 9  # 0.6 s: 7 frames in time, 2 more at the end of input
 
 
 def test_max_seconds_ends_the_session_cleanly(tiny):
-    s = tiny.session(seed=0, max_seconds=0.4)  # 5 frames
+    s = tiny.session("", seed=0, max_seconds=0.4)  # 5 frames
     events = s.feed(_wave(2.0))
     assert len(events) == 5 and events[-1].end == "max_seconds"
     assert all(e.end is None for e in events[:-1])
@@ -239,7 +239,7 @@ def test_max_seconds_ends_the_session_cleanly(tiny):
 
 def test_cancel_feeds_silence_until_a_new_turn(tiny):
     cfg = tiny.config
-    s = tiny.session(seed=0)
+    s = tiny.session("", seed=0)
     s.feed(_wave(0.3))
     s.cancel()
     events = s.feed(_wave(0.5, seed=2))

@@ -19,9 +19,6 @@ returns, so that every event holds its own speech.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
 
 import mlx.core as mx
@@ -29,125 +26,17 @@ import numpy as np
 
 from ..errors import VoiceChatError
 from ..nets.codec import replace_control_codes
-from ..noise import KeyNoise, NoiseSource
+from ..noise import NoiseSource
 from . import duplex
+from .events import FrameEvent, _fill, _output_parts, _read
 from .frontend import RNNTStream, StreamingPerception
+from .state import _cache_arrays, memory_per_minute, open_state
 from .textstream import TextStream, TranscriptStream
 from .tools import ToolError, ToolResultQueue, prepare_tools, tool_result_ids
 
 
 class SessionError(VoiceChatError, ValueError):
     """A call a session cannot take: bad audio, a closed or finished session."""
-
-
-@dataclass
-class FrameEvent:
-    index: int
-    text_id: int
-    function_id: int
-    codes: np.ndarray  # [Q] int32, after control-code replacement
-    audio: np.ndarray  # float32 at 22.05 kHz: 1764 samples (+ the codec's tail on the last)
-    text: str = ""
-    function_text: str = ""
-    transcript: str = ""
-    turn: Optional[str] = None  # "start" / "end" of an assistant turn at this frame
-    speaking: bool = False
-    tool_calls: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-    end: Optional[str] = None  # why the session ended at this frame ("max_seconds")
-    forced: bool = False  # the ids fed back at this frame were forced (cancel / tool result)
-
-
-# --- the post-prompt state, computed once per (model, prompt, seed) -----------------------
-
-_SNAPSHOTS_MAX = 4
-_snapshot_lock = threading.Lock()
-
-
-def _copy_cache(caches: List[Any]) -> List[Any]:
-    """New cache objects over the same (immutable) arrays: mlx-lm caches update their arrays
-    by slice assignment, which rebinds the array object it is called on, so each copy gets
-    array objects of its own and a snapshot is never written through."""
-    out = []
-    for c in caches:
-        new = c.__class__.__new__(c.__class__)
-        new.__dict__.update(c.__dict__)
-        for name in ("keys", "values"):
-            a = getattr(c, name, None)
-            if isinstance(a, mx.array):
-                setattr(new, name, mx.array(a))
-        out.append(new)
-    return out
-
-
-def _cache_arrays(cache) -> List[Any]:
-    try:
-        state = cache.state
-    except Exception:  # an empty cache has no state yet
-        return []
-    if isinstance(state, mx.array):
-        return [state]
-    return [a for a in state if isinstance(a, mx.array)]
-
-
-def _weights_key(model) -> tuple:
-    speech = model.tts_model
-    return (id(speech.tts_model.rvq_embs), id(speech.audio_prompt_latents[model.config.speaker]))
-
-
-def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSource]):
-    """``duplex.start_session`` for a new session. With the default noise the TTS state after
-    the warm-up and the prompt positions depends only on (weights, prompt, seed): it is kept
-    and each later session starts from a copy of it."""
-    if noise is not None:
-        return duplex.start_session(model, prompt, noise=noise, seed=seed)
-    memo = getattr(model, "_session_snapshots", None)
-    if memo is None:
-        memo = OrderedDict()
-        object.__setattr__(model, "_session_snapshots", memo)
-    key = (_weights_key(model), tuple(int(i) for i in prompt), int(seed))
-    with _snapshot_lock:
-        snap = memo.get(key)
-        if snap is not None:
-            memo.move_to_end(key)
-    if snap is None:
-        cache = duplex.start_session(model, prompt, seed=seed)
-        mx.eval(cache.previous_code, cache.noise.key, *[s for c in cache.tts for s in c.state])
-        snap = cache
-        with _snapshot_lock:
-            memo[key] = snap
-            while len(memo) > _SNAPSHOTS_MAX:
-                memo.popitem(last=False)
-    noise_copy = KeyNoise.__new__(KeyNoise)
-    noise_copy.key = snap.noise.key
-    return duplex.DuplexCache(
-        llm=model.stt_model.llm.make_cache(),
-        tts=_copy_cache(snap.tts),
-        previous_code=snap.previous_code,
-        noise=noise_copy,
-        prefix=snap.prefix,
-        prompt_frames=snap.prompt_frames,
-        prev_ids=snap.prev_ids,
-        position=snap.position,
-    )
-
-
-def _output_parts(codes: mx.array, audio: mx.array) -> List[mx.array]:
-    """A frame's codes and audio as int32 parts of one host read (the audio's float32 bits
-    viewed as int32, so nothing is converted)."""
-    return [codes.reshape(-1).astype(mx.int32), mx.view(audio.reshape(-1), mx.int32)]
-
-
-def _read(words: mx.array) -> np.ndarray:
-    """One host read of int32 words (``tolist``: the read the sync counters see)."""
-    return np.array(words.tolist(), dtype=np.int32)
-
-
-def _fill(event: "FrameEvent", read: np.ndarray, q: int) -> "FrameEvent":
-    """Set ``event.codes`` / ``event.audio`` from the int32 words of ``_output_parts``."""
-    event.codes = read[:q].astype(np.int32)
-    event.audio = read[q:].view(np.float32)
-    return event
 
 
 # --- the session ----------------------------------------------------------------------------
@@ -479,6 +368,8 @@ class Session:
             events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
             if last or event.end is not None:
                 self._drain_rnnt(event)
+                event.text += self._text.flush()
+                event.function_text += self._function.flush()
                 if self._calls is not None:
                     unfinished = self._calls.close()
                     if unfinished:
@@ -515,30 +406,3 @@ class Session:
     def memory_per_minute(self) -> dict:
         """Bytes a session's caches grow by per minute of conversation (see the README)."""
         return memory_per_minute(self.model)
-
-
-def memory_per_minute(model) -> dict:
-    cfg = model.config
-    args = cfg.text_args
-    frames = int(round(60.0 / cfg.frame_duration))
-    llm_dtype = model.stt_model.lm_head.weight.dtype
-    if llm_dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        llm_dtype = mx.bfloat16
-    pattern = getattr(args, "hybrid_override_pattern", "") or ""
-    n_attn = sum(1 for c in pattern if c == "*")
-    llm = n_attn * 2 * args.num_key_value_heads * args.head_dim * llm_dtype.size * frames
-    tts = cfg.tts_config
-    tts_dtype = model.tts_model.tts_model.embed_code.weight.dtype
-    if tts_dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        tts_dtype = mx.bfloat16
-    per_layer = 2 * 2 * tts.num_key_value_heads * tts.head_dim * tts_dtype.size  # cond + uncond
-    n_global = sum(1 for i in range(tts.num_hidden_layers) if tts.is_global_layer(i))
-    n_local = tts.num_hidden_layers - n_global
-    window_minutes = tts.sliding_window * cfg.frame_duration / 60.0
-    return {
-        "llm_kv": llm,
-        "tts_global_kv": n_global * per_layer * frames,
-        "tts_window_kv": n_local * per_layer * frames,
-        "tts_window_minutes": window_minutes,
-        "total_after_window": llm + n_global * per_layer * frames,
-    }

@@ -26,6 +26,7 @@ class TextStream:
         self._stream = None
         self._backend = None
         self._ids = []  # only without a streaming decoder: the kept ids so far
+        self._held = []  # ids the streaming decoder holds back (an incomplete character)
         self._text = ""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
@@ -44,7 +45,12 @@ class TextStream:
         if self.tokenizer is None:
             return ""
         if self._stream is not None:
-            return self._stream.step(self._backend, int(token_id)) or ""
+            text = self._stream.step(self._backend, int(token_id))
+            if text is None:  # an incomplete character: held until its last byte
+                self._held.append(int(token_id))
+                return ""
+            self._held = []
+            return text
         # A tokenizer without a streaming decoder: decode the kept ids and diff.
         self._ids.append(int(token_id))
         text = self.tokenizer.decode(self._ids, skip_special_tokens=False)
@@ -52,6 +58,18 @@ class TextStream:
             return ""
         delta, self._text = text[len(self._text) :], text
         return delta
+
+    def flush(self) -> str:
+        """At the end of the stream: what offline decoding makes of the held-back ids (the
+        replacement character of an incomplete one)."""
+        if self._stream is not None:
+            held, self._held = self._held, []
+            return self.tokenizer.decode(held, skip_special_tokens=False) if held else ""
+        if self._ids and self.tokenizer is not None:
+            text = self.tokenizer.decode(self._ids, skip_special_tokens=False)
+            delta, self._text = text[len(self._text) :], text
+            return delta
+        return ""
 
 
 class TranscriptStream:
