@@ -510,6 +510,9 @@ def test_channel_layouts_by_shape(tiny):
     np.testing.assert_allclose(load_audio(np.stack([tone] * 3)), tone, atol=1e-6)  # [3, N]
     np.testing.assert_allclose(load_audio(np.stack([tone] * 3, axis=1)), tone, atol=1e-6)
     np.testing.assert_allclose(load_audio(tone[None]), tone)  # [1, N]
+    np.testing.assert_allclose(load_audio(tone[:, None]), tone)  # [N, 1]
+    with pytest.raises(VoiceChatError, match="ambiguous"):
+        load_audio(np.ones((4, 6), np.float32))  # 4 samples of 6 channels, or 6 of 4?
 
 
 def test_many_channel_file_is_mixed(tmp_path):
@@ -518,6 +521,9 @@ def test_many_channel_file_is_mixed(tmp_path):
     tone = _wave(0.5)
     sf.write(tmp_path / "m.wav", np.stack([tone] * 12, axis=1), 16000, subtype="FLOAT")
     np.testing.assert_allclose(load_audio(tmp_path / "m.wav"), tone, atol=1e-6)
+    # A file's layout is never guessed: one frame of two channels is one sample.
+    sf.write(tmp_path / "one.wav", np.array([[0.5, 0.25]], np.float32), 16000, subtype="FLOAT")
+    np.testing.assert_allclose(load_audio(tmp_path / "one.wav"), [0.375])
 
 
 def test_truncated_wav_warns_with_its_name(ckpt, tmp_path, capsys):
