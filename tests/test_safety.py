@@ -405,7 +405,7 @@ def test_huge_extra_decoding_seconds_is_bounded_before_allocating(tiny, ckpt, qu
 
 
 def test_generate_from_other_threads(tiny, ckpt):
-    wave = _wave()
+    wave = _wave(0.4)
     want = tiny.generate(wave, extra_decoding_seconds=0.0, seed=3)
     second = load(ckpt)
     results, errors = {}, []
@@ -675,7 +675,7 @@ def test_mlx_audio_sts_generate_generic_flags(ckpt, question, tmp_path, capsys):
                   "--text", "hello"])
 
 def test_sample_rate_is_the_array_rate(tiny, question):
-    wave = _wave(1.5)
+    wave = _wave(0.6)
     a = tiny.generate(wave[::2], sample_rate=8000, extra_decoding_seconds=0.0)
     b = tiny.generate(wave[::2], source_rate=8000, extra_decoding_seconds=0.0)
     np.testing.assert_array_equal(a.codes, b.codes)
