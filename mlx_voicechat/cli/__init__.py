@@ -19,6 +19,9 @@ VERBS = [
     "transcribe",
     "generate",
     "convert",
+    "stream",
+    "chat",
+    "serve",
 ]
 
 

@@ -212,13 +212,16 @@ def think(
     cache: DuplexCache,
     audio_frame: mx.array,
     override: Optional[Callable[[mx.array], mx.array]] = None,
+    parallel_heads: bool = False,
 ) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
     Advances the LLM cache. The previous frame's ids are read on the device
     (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them.
     ``override`` maps the heads' ids to the ids this frame feeds back and speaks (a barge-in's
-    silence, a tool result's tokens), on the device."""
+    silence, a tool result's tokens), on the device. ``parallel_heads`` runs the function
+    head on :func:`speech_stream`, beside the text head (a live frame has nothing else for
+    the second core to do until its text id is known)."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
@@ -231,9 +234,12 @@ def think(
         row = mx.concatenate([cache.prefix.astype(row.dtype), row], axis=1)
         cache.prefix = None
     h = stt.llm(row, cache.llm)[:, -1:]
-    ids = mx.concatenate(
-        [mx.argmax(stt.lm_head(h), axis=-1), mx.argmax(stt.function_head(h), axis=-1)], axis=-1
-    )
+    if parallel_heads:
+        with mx.stream(speech_stream()):
+            function = mx.argmax(stt.function_head(h), axis=-1)
+    else:
+        function = mx.argmax(stt.function_head(h), axis=-1)
+    ids = mx.concatenate([mx.argmax(stt.lm_head(h), axis=-1), function], axis=-1)
     ids = ids.reshape(-1).astype(mx.int32)
     if override is not None:
         ids = override(ids).astype(mx.int32)
@@ -456,7 +462,9 @@ def generate(
         seed = check_seed(seed)
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
     if max_frames is not None and (
-        isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral) or max_frames < 1
+        isinstance(max_frames, bool)
+        or not isinstance(max_frames, numbers.Integral)
+        or max_frames < 1
     ):
         raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
     if prompt is None:

@@ -331,7 +331,8 @@ class Session:
             self._rows = self._rows[:, 1:]
             text_force, function_force, injected = self._next_forced()
             forced = self._quiet or text_force is not None or function_force is not None
-            ids = duplex.think(model, self._cache, row, self._override(text_force, function_force))
+            override = self._override(text_force, function_force)
+            ids = duplex.think(model, self._cache, row, override, parallel_heads=True)
             labels = self._rnnt.queue()
             n_labels = 0 if labels is None else labels.shape[0]
             parts = [ids] + ([labels] if labels is not None else [])

@@ -64,7 +64,10 @@ def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSou
             memo.move_to_end(key)
     if snap is None:
         cache = duplex.start_session(model, prompt, seed=seed)
-        mx.eval(cache.previous_code, cache.noise.key, *[s for c in cache.tts for s in c.state])
+        mx.eval(
+            cache.previous_code, cache.noise.key, *[s for c in cache.tts for s in c.state],
+            *([cache.prefix] if cache.prefix is not None else []),
+        )
         snap = cache
         with _snapshot_lock:
             memo[key] = snap

@@ -1,0 +1,125 @@
+"""``mlx-voicechat serve``: the OpenAI Realtime protocol over WebSocket (``/v1/realtime``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+
+from ..errors import VoiceChatError
+
+KEY_ENV = "MLX_VOICECHAT_API_KEY"
+
+
+class ServeError(VoiceChatError):
+    """The server cannot start as asked."""
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "serve",
+        help="serve the model over the OpenAI Realtime protocol (WebSocket)",
+        description=(
+            "Serve the model at ws://HOST:PORT/v1/realtime (OpenAI Realtime protocol, GA event "
+            "names), with a web page at http://HOST:PORT/."
+        ),
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require this key of every client (default: ${KEY_ENV}; none: no key)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=1,
+        help="conversations at once; one more gets server_busy (default 1)",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed besides the server's own (repeatable)",
+    )
+    p.add_argument(
+        "--no-silence-feed",
+        action="store_true",
+        help="do not feed silence at real time when the client's audio falls behind",
+    )
+    p.add_argument(
+        "--max-lag-seconds",
+        type=float,
+        default=10.0,
+        help="close a connection whose audio waits longer than this (default 10)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+    return p
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise ServeError(
+            f"serving needs FastAPI and uvicorn ({e.name} is missing): "
+            "pip install 'mlx-voicechat[server]'"
+        ) from None
+    if not 0 < args.port < 65536:
+        raise ServeError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_sessions < 1:
+        raise ServeError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not args.max_lag_seconds > 0:
+        raise ServeError(f"--max-lag-seconds must be > 0, got {args.max_lag_seconds}")
+    key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
+    if not _loopback(args.host) and key is None:
+        print(
+            f"mlx-voicechat serve: warning: listening on {args.host} without an API key: anyone "
+            f"who reaches this address can use the model (set --api-key or ${KEY_ENV})",
+            file=sys.stderr,
+        )
+
+    from .. import load
+    from ..serve.app import WS_MAX_SIZE, create_app
+
+    model = load(args.model, tokenizer=args.tokenizer)
+    app = create_app(
+        model,
+        api_key=key,
+        max_sessions=args.max_sessions,
+        allow_origins=args.allow_origin,
+        silence_feed=not args.no_silence_feed,
+        max_lag_seconds=args.max_lag_seconds,
+        model_id=os.path.basename(os.path.normpath(str(args.model))) or str(args.model),
+        seed=args.seed,
+    )
+    print(
+        f"mlx-voicechat serve: ws://{args.host}:{args.port}/v1/realtime "
+        f"(web page http://{args.host}:{args.port}/)",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        ws_max_size=WS_MAX_SIZE,
+        log_level=args.log_level,
+        lifespan="on",
+    )
+    return 0

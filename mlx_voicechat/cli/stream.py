@@ -1,0 +1,257 @@
+"""``mlx-voicechat stream``: an audio file fed to a streaming session as if it were live.
+
+The file goes in 80 ms chunks (at real time with ``--realtime``), followed by
+``--extra-decoding-seconds`` of silence in the same chunks, then ``finish``. Words are printed
+as the events bring them. At the end: the latency of each frame, from the moment the last
+sample it needs was fed (sample ``session.samples_needed(k)``; with ``--realtime``, the moment
+that sample's chunk was due) to the return of its event with audio, and the real-time factor
+(compute time over audio time). The reply WAV equals ``generate``'s on the same input.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+
+CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "stream",
+        help="feed an audio file to a streaming session, as if live, and time it",
+        description="Feed an audio file to a streaming session in 80 ms chunks; print the words "
+        "as they come and the per-frame latency and real-time factor.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="feed the chunks at real time (80 ms apart), as a microphone would",
+    )
+    p.add_argument("--output-audio", default=None, help="reply WAV (22050 Hz mono PCM16)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
+    p.add_argument(
+        "-p",
+        "--system-prompt",
+        default=None,
+        help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
+    p.add_argument(
+        "--extra-decoding-seconds",
+        type=float,
+        default=3.0,
+        help="seconds of silence fed after the file so the reply can finish (default 3)",
+    )
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    p.set_defaults(func=run)
+    return p
+
+
+# --- words as they come ------------------------------------------------------------------------
+
+
+def _printable(text: str) -> str:
+    """Control characters (random weights decode to them) would drive the terminal."""
+    return "".join(c if unicodedata.category(c)[0] != "C" else "\ufffd" for c in text)
+
+
+class WordPrinter:
+    """Prints the deltas of the three channels as they arrive, one line per run of a channel:
+    ``[user] ...``, ``[assistant] ...``, ``[function] ...``."""
+
+    LABELS = (("transcript", "user"), ("text", "assistant"), ("function_text", "function"))
+
+    def __init__(self, out=None):
+        self.out = out if out is not None else sys.stdout
+        self.channel: Optional[str] = None
+
+    def __call__(self, events) -> None:
+        for event in events:
+            for attr, label in self.LABELS:
+                delta = getattr(event, attr)
+                if delta:
+                    self.write(label, delta)
+
+    def write(self, label: str, delta: str) -> None:
+        if label != self.channel:
+            delta = delta.lstrip()
+            if not delta:
+                return
+            if self.channel is not None:
+                self.out.write("\n")
+            self.out.write(f"[{label}] ")
+            self.channel = label
+        self.out.write(_printable(delta))
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.channel is not None:
+            self.out.write("\n")
+            self.out.flush()
+        self.channel = None
+
+
+# --- the timed run ---------------------------------------------------------------------------
+
+
+@dataclass
+class StreamRun:
+    events: list
+    latencies: List[float]  # seconds, one per frame
+    compute_seconds: float  # time spent inside feed / finish
+    audio_seconds: float  # input + trailing silence
+    samples: np.ndarray  # what was fed (16 kHz), the trailing silence included
+    calls: List[tuple] = field(default_factory=list)  # (start, end, events) per call
+
+    @property
+    def rtf(self) -> float:
+        return self.compute_seconds / self.audio_seconds if self.audio_seconds else float("nan")
+
+    def reply_audio(self, samples_per_frame: int) -> np.ndarray:
+        """The events' audio without the codec's fixed delay: the events start with that many
+        samples of nothing and the final event carries as many more, so dropping them gives
+        the offline waveform."""
+        audio = (
+            np.concatenate([e.audio for e in self.events])
+            if self.events
+            else np.zeros(0, np.float32)
+        )
+        delay = len(audio) - len(self.events) * samples_per_frame
+        return audio[delay:] if delay > 0 else audio
+
+
+def stream_samples(
+    session,
+    samples: np.ndarray,
+    extra_decoding_seconds: float = 3.0,
+    realtime: bool = False,
+    chunk: int = CHUNK_SAMPLES,
+    on_events: Optional[Callable[[list], None]] = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StreamRun:
+    """Feed 16 kHz ``samples`` and the trailing silence in ``chunk``-sample calls, then
+    ``finish(0)``; time every frame from its last needed sample to its event."""
+    rate = session.input_sample_rate
+    pad = int(round(extra_decoding_seconds * rate))
+    fed = np.concatenate([np.asarray(samples, np.float32), np.zeros(pad, np.float32)])
+    events: list = []
+    arrival: List[float] = []  # per call: when its last sample was there
+    received: List[float] = []  # per call: samples in after it (finish: all that will come)
+    emitted: List[int] = []  # per event: the index of the call that returned it
+    calls = []
+    compute = 0.0
+    start = clock()
+
+    def call(fn, *a, due=None, total=None):
+        nonlocal compute
+        t = clock()
+        arrival.append(t if due is None else min(due, t))
+        received.append(float("inf") if total is None else total)
+        out = fn(*a)
+        end = clock()
+        compute += end - t
+        calls.append((t, end, len(out)))
+        emitted.extend([len(arrival) - 1] * len(out))
+        events.extend(out)
+        if on_events is not None:
+            on_events(out)
+
+    for i in range(0, len(fed), chunk):
+        block = fed[i : i + chunk]
+        due = None
+        if realtime:
+            due = start + (i + len(block)) / rate
+            wait = due - clock()
+            if wait > 0:
+                sleep(wait)
+        call(session.feed, block, due=due, total=i + len(block))
+        if session.finished is not None:  # the session's cap (max_seconds) was reached
+            break
+    if session.finished is None:
+        call(session.finish, 0.0)
+    latencies = []
+    for event, j in zip(events, emitted, strict=True):
+        needed = session.samples_needed(event.index)
+        first = bisect.bisect_left(received, needed)  # the call that brought its last sample
+        latencies.append(calls[j][1] - arrival[first])
+    return StreamRun(events, latencies, compute, len(fed) / rate, fed, calls)
+
+
+def latency_line(run: StreamRun) -> str:
+    lat = np.array(run.latencies) * 1000.0
+    if not len(lat):
+        return "latency: no frames"
+    p50, p95 = np.percentile(lat, [50, 95])
+    return (
+        f"latency per frame (last needed sample fed -> its event with audio): "
+        f"p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {lat.max():.1f} ms over {len(lat)} frames"
+    )
+
+
+def rtf_line(run: StreamRun) -> str:
+    return (
+        f"RTF {run.rtf:.3f} ({run.compute_seconds:.2f} s of compute for "
+        f"{run.audio_seconds:.2f} s of audio)"
+    )
+
+
+def run(args) -> int:
+    from .. import load
+    from ..runtime import plot
+    from ..runtime.audio import check_output, load_audio, save_wav
+    from ..runtime.duplex import check_extra_seconds
+
+    extra = check_extra_seconds(args.extra_decoding_seconds)
+    if args.output_audio:  # a bad output fails before the long work
+        check_output(args.output_audio, inputs=[args.audio])
+    if args.plot:
+        plot.check_available()
+        check_output(args.plot, inputs=[args.audio, args.output_audio])
+    samples = load_audio(args.audio)
+    model = load(args.model, tokenizer=args.tokenizer)
+    session = model.session(args.system_prompt, seed=args.seed)
+    printer = WordPrinter()
+    try:
+        result = stream_samples(session, samples, extra, realtime=args.realtime, on_events=printer)
+    finally:
+        printer.end()
+        session.close()
+    ahead = session.ready_before_slot_end
+    print(latency_line(result))
+    print(rtf_line(result))
+    per, first = session.input_samples_per_frame, session.samples_needed(0)
+    print(
+        f"lookahead: frame k is computed once {per} k + {first} samples are in, {ahead} samples "
+        f"({1000 * ahead / session.input_sample_rate:.1f} ms) before its 80 ms slot ends"
+    )
+    if args.output_audio:
+        save_wav(
+            args.output_audio,
+            result.reply_audio(session.samples_per_frame),
+            session.output_sample_rate,
+        )
+        print(f"wrote {args.output_audio}", file=sys.stderr)
+    if args.plot:
+        timeline = plot.Timeline.from_events(
+            result.events,
+            result.samples,
+            session.input_sample_rate,
+            session.output_sample_rate,
+            model.config.frame_duration,
+            title=f"mlx-voicechat stream {Path(args.audio).name}",
+        )
+        timeline.output_audio = result.reply_audio(session.samples_per_frame)
+        plot.save(timeline, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,1 @@
+"""The Realtime server: the protocol (:mod:`.protocol`, pure), the FastAPI app (:mod:`.app`)."""

@@ -1,0 +1,214 @@
+"""The Realtime server's FastAPI app: WebSocket ``/v1/realtime``, ``/health``, ``/v1/models``
+and the web page; :class:`ServerThread` serves it on a background thread (tests, benchmarks).
+
+Sockets live on the asyncio loop, every MLX call on the process's one worker thread
+(:mod:`.worker`); each connection is a :class:`~.connection.Conversation`.
+"""
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation, Server
+from .protocol import Realtime
+from .worker import Worker
+
+STATIC_DIR = Path(__file__).parent / "static"
+WS_MAX_SIZE = 4 << 20  # bytes; events over protocol.MAX_EVENT_BYTES get an error, over this a close
+
+
+def create_app(
+    model,
+    *,
+    api_key: Optional[str] = None,
+    max_sessions: int = 1,
+    allow_origins: Iterable[str] = (),
+    silence_feed: bool = True,
+    max_lag_seconds: float = 10.0,
+    model_id: str = "nemotron-voicechat",
+    silence_grace_seconds: float = 0.24,
+    commit_seconds: float = 3.0,
+    max_reply_seconds: float = 30.0,
+    chunk_frames: int = 4,
+    send_queue_size: int = 512,
+    stats_every_frames: int = 25,
+    seed: int = 0,
+    session_options: Optional[dict] = None,
+    warmup: bool = True,
+    static_dir: Optional[Path] = None,
+    worker: Optional[Worker] = None,
+):
+    """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
+    ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
+
+    ``api_key``: required of every WebSocket (``Authorization: Bearer KEY`` or the subprotocol
+    ``openai-insecure-api-key.KEY``) and of ``/v1/models``. ``allow_origins``: browser origins
+    besides the server's own. ``silence_feed``: feed silence at real time while the client's
+    audio is behind. ``max_lag_seconds``: queued audio past this closes the connection (1013).
+    ``commit_seconds`` / ``max_reply_seconds``: the trailing silence a commit feeds when no reply
+    comes / at most. ``chunk_frames``: frames per worker job. ``send_queue_size``: server events
+    waiting for a slow client before it is dropped. ``session_options``: more keyword
+    arguments of ``model.session`` (e.g. ``max_seconds``). ``worker``: the :class:`Worker` thread
+    for the MLX work (default: the process's shared one)."""
+    from fastapi import FastAPI, Request, WebSocket
+    from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+
+    server = Server(
+        model,
+        model_id=model_id,
+        api_key=api_key,
+        max_sessions=max_sessions,
+        allow_origins=allow_origins,
+        silence_feed=silence_feed,
+        max_lag_seconds=max_lag_seconds,
+        silence_grace_seconds=silence_grace_seconds,
+        commit_seconds=commit_seconds,
+        max_reply_seconds=max_reply_seconds,
+        chunk_frames=chunk_frames,
+        send_queue_size=send_queue_size,
+        stats_every_frames=stats_every_frames,
+        seed=seed,
+        session_options=session_options,
+        worker=worker,
+    )
+    static = Path(static_dir) if static_dir is not None else STATIC_DIR
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if warmup:
+            await server.worker.run(server.warm_up)
+        server.ready = True
+        yield
+
+    app = FastAPI(title="mlx-voicechat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.get("/health")
+    async def health():
+        return {
+            "status": "ok" if server.ready else "starting",
+            "model": server.model_id,
+            "sessions": server.active,
+            "max_sessions": server.max_sessions,
+            "sessions_served": server.sessions_served,
+        }
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        if not server.authorized(request.headers, []):
+            return JSONResponse(
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                        "message": "missing or wrong API key",
+                    }
+                },
+                status_code=401,
+            )
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": server.model_id,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "mlx-voicechat",
+                }
+            ],
+        }
+
+    def _missing(what: str):
+        return PlainTextResponse(
+            f"{what} is not installed: the web page's files go in {static}/ "
+            "(index.html and what it loads)",
+            status_code=404,
+        )
+
+    @app.get("/")
+    async def index():
+        page = static / "index.html"
+        if not page.is_file():
+            return _missing("the web page")
+        return FileResponse(page)
+
+    @app.get("/static/{path:path}")
+    async def static_file(path: str):
+        root = static.resolve()
+        target = (root / path).resolve()
+        if not static.is_dir():
+            return _missing(f"/static/{path}")
+        if root not in target.parents or not target.is_file():
+            return PlainTextResponse(f"/static/{path} not found", status_code=404)
+        return FileResponse(target)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket):
+        subprotocols = list(websocket.scope.get("subprotocols") or [])
+        if not server.origin_allowed(websocket.headers):
+            await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
+            return
+        if not server.authorized(websocket.headers, subprotocols):
+            await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
+            return
+        await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
+        if server.active >= server.max_sessions:
+            conversation = Realtime(server.model_id)
+            busy = conversation.error(
+                "server_busy",
+                f"all {server.max_sessions} session(s) of this server are in use; try again later",
+                type_="server_error",
+            )
+            with contextlib.suppress(Exception):
+                await websocket.send_text(json.dumps(busy))
+                await websocket.close(code=CLOSE_TRY_AGAIN, reason="server busy")
+            return
+        server.active += 1
+        await Conversation(server, websocket).run()
+
+    return app
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a background thread (tests and benchmarks):
+    ``with ServerThread(app) as s: ... s.port``."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        import socket
+
+        import uvicorn
+
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP,
+        # and without it every second event of a burst waits ~40 ms for a delayed ACK.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level=log_level, ws_max_size=WS_MAX_SIZE, lifespan="on", ws_ping_interval=None
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=lambda: self.server.run(sockets=[self._sock]), daemon=True, name="uvicorn"
+        )
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
