@@ -83,8 +83,10 @@ class Model(VoiceChatModel):
 
     def transcribe(self, audio, *, source_rate: Optional[int] = None, chunk_size=None):
         """The user's words via the RNNT head: text, token ids, frame indices, language."""
+        from .runtime.threads import note_mlx_thread
         from .runtime.transcribe import transcribe
 
+        note_mlx_thread()
         use_cpu_layout(self)
         stt = self.stt_model
         return transcribe(

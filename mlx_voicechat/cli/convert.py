@@ -29,7 +29,7 @@ def add_parser(subparsers):
         default=None,
         help="quantize the LLM, embedding and heads to this many bits",
     )
-    p.add_argument("--group-size", type=int, default=64, choices=[32, 64, 128])
+    p.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")
     p.add_argument(
         "--quantize-tts",
         type=int,

@@ -44,6 +44,19 @@ def add_parser(subparsers):
 class _Progress:
     def __init__(self, enabled: bool):
         self.enabled, self.bar, self.start = enabled, None, time.perf_counter()
+        self.prompt_bar = None
+
+    def prompt(self, done: int, total: int) -> None:
+        """The TTS steps over the system prompt's positions, before the first audio frame."""
+        if not self.enabled or total < PROGRESS_MIN_FRAMES:
+            return
+        if self.prompt_bar is None:
+            from tqdm import tqdm
+
+            self.prompt_bar = tqdm(total=total, unit="step", desc="system prompt", leave=False)
+        self.prompt_bar.update(1)
+        if done == total:
+            self.prompt_bar.close()
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or total < PROGRESS_MIN_FRAMES:
@@ -57,34 +70,43 @@ class _Progress:
         self.bar.set_postfix(rtf=f"{elapsed / (done * 0.08):.2f}")
 
     def close(self):
-        if self.bar is not None:
-            self.bar.close()
+        for bar in (self.prompt_bar, self.bar):
+            if bar is not None:
+                bar.close()
 
 
 def run(args) -> int:
     from .. import load
-    from ..runtime.audio import load_audio
-    from ..runtime.duplex import GenerationError
+    from ..runtime.audio import check_output, load_audio
+    from ..runtime.duplex import GenerationError, check_seed
 
-    if args.extra_decoding_seconds < 0:
+    if not args.extra_decoding_seconds >= 0 or args.extra_decoding_seconds == float("inf"):
         raise GenerationError(
-            f"--extra-decoding-seconds must be >= 0, got {args.extra_decoding_seconds}"
+            f"--extra-decoding-seconds must be >= 0 and finite, got {args.extra_decoding_seconds}"
         )
+    try:
+        check_seed(args.seed)
+    except GenerationError:
+        raise GenerationError(f"--seed must be from 0 to 2**64 - 1, got {args.seed}") from None
+    # Everything that can refuse the output is checked before the model loads.
     out = Path(args.output_audio)
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise GenerationError(f"cannot write {out}: folder {folder} does not exist")
+    check_output(out, inputs=[args.audio])
     from ..runtime.tools import read_tools_file
 
     tools = read_tools_file(args.tools)
     if args.plot:  # checked before the long work, like the WAV
         from ..runtime import plot
-        from ..runtime.audio import check_output
 
         plot.check_available()
         check_output(args.plot, inputs=[args.audio, out])
     samples = load_audio(args.audio)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
+    limit = model.config.text_args.max_position_embeddings
+    if args.extra_decoding_seconds > limit * model.config.frame_duration:
+        raise GenerationError(
+            f"--extra-decoding-seconds {args.extra_decoding_seconds:g} is longer than the LLM's "
+            f"whole context ({limit} frames, {limit * model.config.frame_duration:g} s)"
+        )
     progress = _Progress(not args.quiet)
     try:
         result = model.generate(
@@ -93,6 +115,7 @@ def run(args) -> int:
             extra_decoding_seconds=args.extra_decoding_seconds,
             seed=args.seed,
             progress=progress,
+            prompt_progress=progress.prompt,
             tools=tools or None,
         )
     finally:

@@ -50,6 +50,27 @@ def _network(key: str) -> str:
     return "other"
 
 
+def _infer_quantization(config, shapes, quantized) -> dict:
+    """``{module: (bits, group_size)}`` from the packed shapes and the model's float widths."""
+    from mlx.utils import tree_flatten
+
+    from ..model import VoiceChatModel
+
+    widths = {
+        k[: -len(".weight")]: v.shape[-1]
+        for k, v in tree_flatten(VoiceChatModel(config).parameters())  # never evaluated
+        if k.endswith(".weight")
+    }
+    out = {}
+    for m in quantized:
+        width = widths.get(m)
+        packed, scales = shapes.get(f"{m}.weight"), shapes.get(f"{m}.scales")
+        if not width or packed is None or not scales[0][-1]:
+            continue
+        out[m] = (packed[0][-1] * 32 // width, width // scales[0][-1])
+    return out
+
+
 def checkpoint_info(path) -> dict:
     """Layout, dtypes, quantization and parameter counts per network, from file headers only."""
     from safetensors import safe_open
@@ -72,6 +93,8 @@ def checkpoint_info(path) -> dict:
         except Exception as e:
             raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
     quantized = {k[: -len(".scales")] for k in shapes if k.endswith(".scales")}
+    q = config.quantization if isinstance(config.quantization, dict) else {}
+    inferred = _infer_quantization(config, shapes, quantized) if quantized and not q else {}
     for k, (shape, dtype) in shapes.items():
         if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] in quantized:
             continue
@@ -80,24 +103,32 @@ def checkpoint_info(path) -> dict:
             n *= s
         module = k.rsplit(".", 1)[0]
         if module in quantized and k.endswith(".weight"):
-            bits = (config.quantization or {}).get(module, {}).get("bits") or (
-                config.quantization or {}
-            ).get("bits", 4)
+            per_module = q.get(module) if isinstance(q.get(module), dict) else {}
+            bits = per_module.get("bits") or q.get("bits") or inferred.get(module, (4, 0))[0]
             n = n * 32 // bits
             dtype = f"{dtype}/{bits}-bit"
         net = _network(k)
         counts.setdefault(net, 0)
         counts[net] += n
         dtypes.setdefault(net, set()).add(dtype)
-    q = config.quantization or {}
+    summary = None
+    if quantized and q:
+        summary = {"bits": q.get("bits"), "group_size": q.get("group_size")}
+    elif quantized:
+        bits = sorted({b for b, _ in inferred.values()})
+        groups = sorted({g for _, g in inferred.values()})
+        summary = {
+            "bits": bits[0] if len(bits) == 1 else bits,
+            "group_size": groups[0] if len(groups) == 1 else groups,
+            "note": "inferred from the weights: config.json has no quantization, so loading "
+            "this checkpoint fails",
+        }
+    if summary is not None:
+        summary["modules"] = len(quantized)
     return {
         "path": str(folder),
         "layout": config.layout,
-        "quantization": (
-            {"bits": q.get("bits"), "group_size": q.get("group_size"), "modules": len(quantized)}
-            if quantized
-            else None
-        ),
+        "quantization": summary,
         "networks": {
             name: {"parameters": counts[name], "dtypes": sorted(dtypes[name])}
             for name in counts
@@ -125,6 +156,7 @@ def run(args) -> int:
     print(
         "quantization "
         + (f"{q['bits']}-bit, group {q['group_size']}, {q['modules']} modules" if q else "none")
+        + (f" ({q['note']})" if q and q.get("note") else "")
     )
     for name, d in info["networks"].items():
         print(f"  {name:<11}{_human(d['parameters']):>10}  {', '.join(d['dtypes'])}")

@@ -133,17 +133,15 @@ def _to_mono(data: np.ndarray, channels_last: bool = False) -> np.ndarray:
             f"audio must be 1-D (samples) or 2-D (samples, channels), got shape {data.shape}"
         )
     a, b = data.shape
-    if not channels_last and 1 not in (a, b):
-        if a <= MAX_CHANNELS < b:
+    if not channels_last:
+        if (a == 1 and b > 1) or a <= MAX_CHANNELS < b:
             data = data.T  # channels-first
-        elif not b <= MAX_CHANNELS < a:
+        elif not (b == 1 or b <= MAX_CHANNELS < a):
             raise AudioError(
                 f"audio array of shape {data.shape} is ambiguous: time must be axis 0 of "
                 f"(samples, channels) or axis 1 of (channels, samples), beside at most "
                 f"{MAX_CHANNELS} channels; pass 1-D mono samples or one of those layouts"
             )
-    elif a == 1 and b > 1:
-        data = data.T
     return data.mean(axis=1, dtype=np.float64).astype(np.float32)
 
 

@@ -32,6 +32,7 @@ from ..nets.layout import use_cpu_layout
 from ..nets.rnnt import decode_pieces, greedy_decode
 from ..noise import KeyNoise, NoiseSource
 from .audio import AudioError, load_audio, save_wav
+from .threads import note_mlx_thread
 from .tools import calls_in, prepare_tools
 
 
@@ -164,6 +165,7 @@ def start_session(
 ) -> DuplexCache:
     """A fresh session: LLM caches, the TTS warm-up and its steps over the prompt positions
     (``progress(done, total)`` after each of those steps)."""
+    note_mlx_thread()
     use_cpu_layout(model)
     cfg = model.config
     pad = cfg.pad_token_id
@@ -257,6 +259,7 @@ def speech_stream() -> mx.Stream:
         streams = _SPEECH_STREAMS.by_device = {}
     stream = streams.get(key)
     if stream is None:
+        note_mlx_thread()
         stream = streams[key] = mx.new_stream(device)
     return stream
 
@@ -401,6 +404,7 @@ def listen(
     ``keep_frames`` keeps only the first frames (the encoder is causal: the samples past them
     are dropped before it runs, with two frames of margin)."""
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
+    note_mlx_thread()
     use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
@@ -412,11 +416,13 @@ def listen(
     if max_frames is not None:
         # The encoder emits about one frame per input_samples_per_frame (one more at most).
         frames = (len(samples) + pad) // model.config.input_samples_per_frame
+        limit = model.config.text_args.max_position_embeddings
+        prompt_tokens = limit - max_frames
         if frames > max_frames + 1:
             raise GenerationError(
-                f"the audio ({len(samples) / rate:.2f} s) and extra_decoding_seconds "
-                f"({extra_decoding_seconds:g} s) make about {frames} frames; with the system "
-                f"prompt the LLM's context has room for {max_frames}"
+                f"the system prompt ({prompt_tokens} tokens), the audio ({len(samples) / rate:.2f}"
+                f" s) and extra_decoding_seconds ({extra_decoding_seconds:g} s) need about "
+                f"{prompt_tokens + frames} positions; the LLM's context is {limit}"
             )
     if pad:
         samples = np.concatenate([samples, np.zeros(pad, dtype=np.float32)])

@@ -260,6 +260,8 @@ def convert(
     folder = resolve_path(source, revision=revision)
     given = output
     output = Path(os.path.abspath(Path(output).expanduser()))
+    if output.is_symlink():
+        output = Path(os.path.realpath(output))  # the folder it names is written, not the link
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConversionError(f"output {given} already exists; remove it or pick another folder")
     if output.resolve() == folder.resolve():

@@ -8,6 +8,9 @@ function of (scale, seed): the same arguments write the same bytes.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +22,8 @@ from mlx.utils import tree_flatten
 
 from ..config import VoiceChatConfig
 from ..errors import VoiceChatError
+from ..files import current_umask
+from .loading import check_group_size
 from .random_init import random_weights
 from .sanitize import conv_transpose_keys, to_torch_layout
 from .scales import SCALES, build_tokenizer, scale_config, tokenizer_config
@@ -193,14 +198,19 @@ def make_checkpoint(
     dtype: str = "float32",
     with_tokenizer: bool = True,
     max_shard_bytes: int = 5 << 30,
+    force: bool = False,
 ) -> Path:
     """Write a random-weight checkpoint and return its folder.
 
     Args:
+        out_dir: a new or empty folder (a symlink is followed to the folder it names).
         scale: ``tiny`` (tests), ``small`` / ``medium`` (benchmarks) or ``full`` (11B dims).
         layout: ``mlx-community``, ``nvidia`` (raw release) or ``mlx-audio``.
         quantize: 4 or 8 to quantize like the mlx-community checkpoints (not for ``nvidia``).
+        group_size: 32, 64 or 128 (with ``quantize``).
         with_tokenizer: write ``tokenizer.json`` (NVIDIA's real release has none).
+        force: replace an existing checkpoint folder, only one that holds nothing but what
+            this function writes (a VoiceChat ``config.json``, weights, tokenizer files).
     """
     from ..model import VoiceChatModel
 
@@ -212,7 +222,9 @@ def make_checkpoint(
         raise VoiceChatError("NVIDIA's raw layout is float32 only; quantize another layout")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise VoiceChatError(f"unsupported dtype {dtype!r}")
-    out_dir = Path(out_dir)
+    if quantize:
+        check_group_size(group_size, "group size", VoiceChatError)
+    out_dir, replace = _check_target(out_dir, force)
     config = scale_config(scale)
     tokenizer = build_tokenizer(config.text_args.vocab_size)
     model = VoiceChatModel(config)
@@ -228,6 +240,11 @@ def make_checkpoint(
         model.load_weights(list(weights.items()), strict=True)
         quant_map = quantization_map(model, quantize, group_size)
         listed = set(listed_modules(quant_map))
+        if not listed:
+            raise VoiceChatError(
+                f"no matrix of the {scale} model has an input width divisible by group size "
+                f"{group_size}; pick a smaller group size"
+            )
         nn.quantize(
             model, group_size=group_size, bits=quantize, class_predicate=lambda p, m: p in listed
         )
@@ -237,6 +254,7 @@ def make_checkpoint(
     # Written beside the target and renamed at the end: an interrupted run leaves no checkpoint.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would follow through the rename
         if layout in ("mlx-community", "nvidia"):
             # NeMo key names and PyTorch layouts, with the training-only prompt projection that
             # the release carries (mlx-vlm's loader requires it, ours drops it).
@@ -269,10 +287,82 @@ def make_checkpoint(
             write_json(tmp / "tokenizer_config.json", tokenizer_config())
         if layout != "mlx-audio":
             write_rnnt_tokenizer(tmp, config.rnnt_vocabulary)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        _move_into_place(tmp, out_dir, replace)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+# What make_checkpoint writes into a folder; --force replaces only a folder holding nothing else.
+_OWN_ENTRIES = re.compile(
+    r"^(config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
+    r"tokenizer(_config)?\.json|special_tokens_map\.json|rnnt_tokenizer)$"
+)
+
+
+def _is_own_checkpoint(folder: Path) -> bool:
+    """A folder this factory (or a converter) wrote: a VoiceChat config.json and nothing but
+    checkpoint files beside it."""
+    if not all(_OWN_ENTRIES.match(p.name) for p in folder.iterdir()):
+        return False
+    try:
+        with open(folder / "config.json", encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(raw, dict):
+        return False
+    model = raw.get("model")
+    nemo = isinstance(model, dict) and "stt" in model and "speech_generation" in model
+    return raw.get("model_type") == "nemotron_voicechat" or ("model_type" not in raw and nemo)
+
+
+def _check_target(out_dir, force: bool):
+    """The folder to write (symlink followed) and whether an existing checkpoint is replaced;
+    anything else that exists there is refused before any work."""
+    given = out_dir
+    out_dir = Path(os.path.abspath(Path(out_dir).expanduser()))
+    if out_dir.is_symlink():
+        out_dir = Path(os.path.realpath(out_dir))
+    if not out_dir.exists():
+        parent = next((p for p in out_dir.parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise VoiceChatError(f"cannot write {given}: no permission to write in {parent}")
+        return out_dir, False
+    if not out_dir.is_dir():
+        raise VoiceChatError(f"{given} exists and is not a folder; pick a new folder")
+    if not os.access(out_dir.parent, os.W_OK | os.X_OK):
+        raise VoiceChatError(f"cannot write {given}: no permission to write in {out_dir.parent}")
+    if not any(out_dir.iterdir()):
+        return out_dir, True
+    if Path.cwd().resolve().is_relative_to(out_dir.resolve()):
+        raise VoiceChatError(f"{given} is the current folder (or holds it); pick a new folder")
+    if not force:
+        raise VoiceChatError(
+            f"{given} already exists and is not empty; pick a new folder (--force replaces "
+            "only a checkpoint folder this command wrote)"
+        )
+    if not _is_own_checkpoint(out_dir):
+        raise VoiceChatError(
+            f"{given} is not a checkpoint folder this command wrote (it holds other files, or "
+            "no VoiceChat config.json); refusing to replace it, even with --force"
+        )
+    return out_dir, True
+
+
+def _move_into_place(tmp: Path, out_dir: Path, replace: bool) -> None:
+    """Rename the finished ``tmp`` to ``out_dir``; an old folder there is moved aside first
+    and removed only once the new one is in place."""
+    if not replace:
+        tmp.rename(out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    old.rmdir()
+    out_dir.rename(old)
+    try:
+        tmp.rename(out_dir)
+    except BaseException:
+        old.rename(out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

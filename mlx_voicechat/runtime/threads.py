@@ -1,0 +1,56 @@
+"""MLX work outside the main thread, and a clean interpreter exit after it.
+
+MLX keeps a per-thread cache of compiled functions (``mx.compile``: ours, and mlx.nn's
+activations) that holds Python objects; a thread releases it after its Python part has ended,
+taking the GIL once more. An interpreter that starts finalizing in that window makes the
+thread abort the process (``terminate called without an active exception``, exit 134). So
+every thread that runs this package's MLX work is noted, and at exit the interpreter waits
+(bounded, with the GIL released) until those threads are gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+EXIT_WAIT_SECONDS = 2.0  # the most the interpreter waits at exit for such threads
+_POLL_SECONDS = 0.002
+
+_lock = threading.Lock()
+_threads: set = set()  # native ids of non-main threads that ran MLX work
+_registered = False
+
+
+def note_mlx_thread() -> None:
+    """Record the calling thread as one that runs MLX work (the main thread needs nothing)."""
+    global _registered
+    if threading.current_thread() is threading.main_thread():
+        return
+    tid = threading.get_native_id()
+    if tid in _threads:
+        return
+    with _lock:
+        _threads.add(tid)
+        if not _registered:
+            atexit.register(_wait_for_threads)
+            _registered = True
+
+
+def _alive(tid: int) -> bool:
+    return os.path.exists(f"/proc/self/task/{tid}")
+
+
+def _wait_for_threads() -> None:
+    live = {t.native_id for t in threading.enumerate()}
+    pending = [tid for tid in _threads if tid not in live]
+    if not pending:
+        return
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    if not sys.platform.startswith("linux"):
+        time.sleep(min(0.05, EXIT_WAIT_SECONDS))  # no /proc: a short grace period
+        return
+    while any(_alive(tid) for tid in pending) and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)  # releases the GIL the exiting threads need
