@@ -251,9 +251,6 @@ def parse_call_text(text: str) -> Tuple[List[Tuple[str, str]], List[str]]:
     return calls, errors
 
 
-_NOTHING: Tuple[List[ToolCall], List[str]] = ([], [])
-
-
 class ToolCallParser:
     """Turns the function channel, one id per frame, into :class:`ToolCall` objects.
 
@@ -310,14 +307,14 @@ class ToolCallParser:
                     "the unfinished one was dropped"
                 )
                 return [], [message]
-            return _NOTHING
+            return [], []
         if self._ids is None:
-            return _NOTHING  # outside markers: the channel's idle output, ignored
+            return [], []  # outside markers: the channel's idle output, ignored
         if token_id == self.markers.end:
             ids, self._ids = self._ids, None
             return self._finish(ids)
         if token_id in self.pad_ids:
-            return _NOTHING
+            return [], []
         self._ids.append(int(token_id))
         if len(self._ids) > self.max_call_tokens:
             self._ids = None
@@ -326,7 +323,7 @@ class ToolCallParser:
                 "it was dropped"
             )
             return [], [message]
-        return _NOTHING
+        return [], []
 
     def _finish(self, ids: List[int]) -> Tuple[List[ToolCall], List[str]]:
         try:
