@@ -9,3 +9,45 @@ def tiny(tiny_checkpoints):
     from mlx_voicechat import load
 
     return load(tiny_checkpoints["mlx-community"])
+
+
+@pytest.fixture(scope="module")
+def nvidia():
+    """Oracle 04's weights in NVIDIA's raw layout, loaded once per test module."""
+    from oracle_utils import ORACLE
+
+    from mlx_voicechat import load
+
+    return load(ORACLE / "nvidia-layout")
+
+
+@pytest.fixture(scope="module")
+def io04():
+    """Oracle 04's recorded inputs and outputs."""
+    import numpy as np
+    from oracle_utils import ORACLE
+
+    return dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
+
+
+SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
+
+
+@pytest.fixture
+def sync_count(monkeypatch):
+    """Counts host reads of array values and explicit evals."""
+    import mlx.core as mx
+
+    count = [0]
+
+    def counting(orig):
+        def f(*a, **k):
+            count[0] += 1
+            return orig(*a, **k)
+
+        return f
+
+    for name in SYNC_METHODS:
+        monkeypatch.setattr(mx.array, name, counting(getattr(mx.array, name)))
+    monkeypatch.setattr(mx, "eval", counting(mx.eval))
+    return count

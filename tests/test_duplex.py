@@ -7,23 +7,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from oracle_utils import ORACLE, replay_04
+from oracle_utils import replay_04
 
-from mlx_voicechat import load
 from mlx_voicechat.noise import KeyNoise
 from mlx_voicechat.runtime.duplex import duplex_step, listen, start_session, warmup_codes
 
 SPF = 1764  # samples per 80 ms frame at 22.05 kHz
-
-
-@pytest.fixture(scope="module")
-def nvidia():
-    return load(ORACLE / "nvidia-layout")
-
-
-@pytest.fixture(scope="module")
-def io04():
-    return dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
 
 
 @pytest.fixture(scope="module")

@@ -2,30 +2,8 @@
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
 from mlx_voicechat.runtime.duplex import duplex_step, prompt_ids, run_frames, start_session
-
-SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
-
-
-@pytest.fixture
-def sync_count(monkeypatch):
-    """Counts host reads of array values and explicit evals."""
-    count = [0]
-
-    def counting(orig):
-        def f(*a, **k):
-            count[0] += 1
-            return orig(*a, **k)
-
-        return f
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(mx.array, name, counting(getattr(mx.array, name)))
-    monkeypatch.setattr(mx, "eval", counting(mx.eval))
-    return count
-
 
 def test_offline_loop_one_host_sync_per_frame(tiny, sync_count):
     frames = mx.random.normal((1, 12, tiny.config.text_args.hidden_size), key=mx.random.key(1))

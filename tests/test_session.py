@@ -3,29 +3,14 @@ frame, fast open, threads, bad input, long sessions, barge-in."""
 
 import threading
 
-import mlx.core as mx
 import numpy as np
 import pytest
-from oracle_utils import ORACLE
 
 from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.noise import ReplayNoise
 from mlx_voicechat.runtime import duplex
 from mlx_voicechat.runtime.session import SessionError
-
-SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
-
-
-@pytest.fixture(scope="module")
-def nvidia():
-    return load(ORACLE / "nvidia-layout")
-
-
-@pytest.fixture(scope="module")
-def io04():
-    return dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
-
 
 def _noise(io):
     return ReplayNoise(io["noise_gumbel"], io["noise_randn"])
@@ -147,27 +132,12 @@ def test_frame_k_comes_out_once_1280k_plus_199_samples_are_in(tiny):
             assert need <= n < need + size, (k, n, size)
 
 
-def _count_reads(monkeypatch):
-    count = [0]
-
-    def counting(orig):
-        def f(*a, **k):
-            count[0] += 1
-            return orig(*a, **k)
-
-        return f
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(mx.array, name, counting(getattr(mx.array, name)))
-    monkeypatch.setattr(mx, "eval", counting(mx.eval))
-    return count
-
-
-def test_one_host_read_per_frame(tiny, monkeypatch):
+def test_one_host_read_per_frame(tiny, sync_count):
     wave = _wave(2.0)
     s = tiny.session("Hi there.", seed=0)
     s.feed(wave[:1280])  # frame 0 (the prompt's prefill)
-    count = _count_reads(monkeypatch)
+    count = sync_count
+    count[0] = 0
     before = s.frames
     events = s.feed(wave[1280 : 1280 * 12])
     n = s.frames - before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
+from .options import add_conversation_options
 from .stream import WordPrinter
 
 
@@ -22,13 +23,7 @@ def add_parser(subparsers):
         "model answer; its words and yours are printed as they come. Ctrl-C ends it.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
-    p.add_argument(
-        "-p",
-        "--system-prompt",
-        default=None,
-        help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
-    )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
+    add_conversation_options(p)
     p.add_argument(
         "--input-device",
         default=None,
@@ -38,10 +33,6 @@ def add_parser(subparsers):
         "--output-device",
         default=None,
         help="speaker: PortAudio device index or name (default: the system's)",
-    )
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
-    p.add_argument(
-        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
     )
     p.set_defaults(func=run)
     return p

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from .options import add_conversation_options
+
 PROGRESS_MIN_FRAMES = 50  # 4 s of timeline: shorter runs print no progress bar
 
 
@@ -16,27 +18,17 @@ def add_parser(subparsers):
         description="Run the offline duplex loop on an audio file and write the spoken reply.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    add_conversation_options(p)
     p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
     p.add_argument("--output-audio", required=True, help="reply WAV (22050 Hz mono PCM16)")
-    p.add_argument(
-        "-p",
-        "--system-prompt",
-        default=None,
-        help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
-    )
     p.add_argument(
         "--extra-decoding-seconds",
         type=float,
         default=3.0,
         help="seconds of silence appended so the model can finish (default 3)",
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
     p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
-    p.add_argument(
-        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
-    )
     p.set_defaults(func=run)
     return p
 

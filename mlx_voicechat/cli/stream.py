@@ -20,6 +20,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from .options import add_conversation_options
+
 CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
 
 
@@ -31,6 +33,7 @@ def add_parser(subparsers):
         "as they come and the per-frame latency and real-time factor.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    add_conversation_options(p)
     p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
     p.add_argument(
         "--realtime",
@@ -40,21 +43,10 @@ def add_parser(subparsers):
     p.add_argument("--output-audio", default=None, help="reply WAV (22050 Hz mono PCM16)")
     p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
     p.add_argument(
-        "-p",
-        "--system-prompt",
-        default=None,
-        help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
-    )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
-    p.add_argument(
         "--extra-decoding-seconds",
         type=float,
         default=3.0,
         help="seconds of silence fed after the file so the reply can finish (default 3)",
-    )
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
-    p.add_argument(
-        "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
     )
     p.set_defaults(func=run)
     return p
