@@ -5,7 +5,7 @@
 
 Writes random-weight ``small`` / ``medium`` checkpoints with the factory (cached in ``--dir``),
 then runs, each configuration in its own subprocess and alternating between them:
-ours (``duplex.generate``), mlx-vlm (mlx-community layout) and mlx-audio (mlx-audio layout),
+ours (``generate.generate``), mlx-vlm (mlx-community layout) and mlx-audio (mlx-audio layout),
 the peers with and without their language cache (``use_language_cache``).
 
 Per-frame ms is the median time between consecutive LLM calls (peers) or frames (ours) over a
@@ -165,6 +165,7 @@ def _profile_ours(model, audio) -> dict:
     import mlx.core as mx
 
     from mlx_voicechat.runtime import duplex
+    from mlx_voicechat.runtime import generate as offline
 
     acc = {}
 
@@ -176,7 +177,7 @@ def _profile_ours(model, audio) -> dict:
         return out
 
     ids = duplex.prompt_ids(model, PROMPT)
-    projected, _, F = timed("perception", lambda: duplex.listen(model, audio, EXTRA_SECONDS))
+    projected, _, F = timed("perception", lambda: offline.listen(model, audio, EXTRA_SECONDS))
     cache = duplex.start_session(model, ids, seed=0)
     mx.eval(cache.previous_code)
     speech = model.tts_model

@@ -9,7 +9,7 @@ runtime/.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn

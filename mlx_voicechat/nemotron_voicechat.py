@@ -114,7 +114,7 @@ class Model(VoiceChatModel):
         use_language_cache=True,
         **kwargs,
     ):
-        """Offline speech-to-speech: see :func:`mlx_voicechat.runtime.duplex.generate`. A model
+        """Offline speech-to-speech: see :func:`mlx_voicechat.runtime.generate.generate`. A model
         runs one call at a time, from any thread. ``system_prompt=None`` is NVIDIA's default
         prompt (``DEFAULT_SYSTEM_PROMPT``); ``""`` is none.
 
@@ -125,7 +125,8 @@ class Model(VoiceChatModel):
         model (sampling temperature, voices, ...) are ignored with a one-line warning; anything
         else is a GenerationError."""
         from .runtime.compat import check_generate_compat
-        from .runtime.duplex import GenerationError, generate
+        from .runtime.duplex import GenerationError
+        from .runtime.generate import generate
 
         check_generate_compat(verbose, use_language_cache)
         if self.tokenizer is None:

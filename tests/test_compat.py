@@ -304,7 +304,7 @@ def test_default_system_prompt(tiny, monkeypatch):
     assert tiny.session("").prompt_ids == []
     assert tiny.create_duplex_session().session.prompt_ids == default
     # generate: the ids the session starts from (stopped there; the loop is tested elsewhere).
-    from mlx_voicechat.runtime import duplex
+    from mlx_voicechat.runtime import generate as offline
 
     seen = []
 
@@ -312,7 +312,7 @@ def test_default_system_prompt(tiny, monkeypatch):
         seen.append(list(prompt))
         raise _Stop
 
-    monkeypatch.setattr(duplex, "start_session", start)
+    monkeypatch.setattr(offline, "start_session", start)
     x = _wave()[:4000]
     for kwargs in ({}, {"system_prompt": None}, {"system_prompt": ""}, {"system_prompt": "Hi."}):
         with pytest.raises(_Stop):

@@ -10,7 +10,8 @@ import pytest
 from oracle_utils import replay_04
 
 from mlx_voicechat.noise import KeyNoise
-from mlx_voicechat.runtime.duplex import duplex_step, listen, start_session, warmup_codes
+from mlx_voicechat.runtime.duplex import duplex_step, start_session, warmup_codes
+from mlx_voicechat.runtime.generate import listen
 
 SPF = 1764  # samples per 80 ms frame at 22.05 kHz
 

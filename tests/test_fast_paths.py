@@ -11,7 +11,8 @@ from mlx_lm.models.cache import ArraysCache
 from mlx_voicechat import load
 from mlx_voicechat.nets import layout
 from mlx_voicechat.nets.llm import FusedNemotronH
-from mlx_voicechat.runtime.duplex import generate, run_frames, start_session
+from mlx_voicechat.runtime.duplex import run_frames, start_session
+from mlx_voicechat.runtime.generate import generate
 
 
 def _params(model):

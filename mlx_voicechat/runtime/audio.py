@@ -184,7 +184,7 @@ def load_audio(
         what = "audio"
         if data.dtype.kind not in "fiu":
             raise AudioError(
-                f"audio must be a file path or an array of integer or float PCM samples, got "
+                "audio must be a file path or an array of integer or float PCM samples, got "
                 + (f"dtype {data.dtype}" if data.dtype.kind != "O" else type(source).__name__)
             )
         samples = _to_mono(_to_float(data))

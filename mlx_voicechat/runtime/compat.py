@@ -24,7 +24,8 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
-from .duplex import GenerationError, GenerationResult
+from .duplex import GenerationError
+from .generate import GenerationResult
 from .events import FrameEvent
 from .session import SessionError
 

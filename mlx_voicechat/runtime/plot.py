@@ -121,10 +121,10 @@ def transcript_by_frame(model, samples: np.ndarray, extra_decoding_seconds: floa
     """The user's words of offline perception over ``samples`` and the trailing silence, each
     at its encoder frame (what ``generate`` heard, with the frame of each word)."""
     from ..nets.rnnt import greedy_decode
-    from . import duplex
+    from . import generate as offline
     from .textstream import TranscriptStream
 
-    _, encoded, F = duplex.listen(model, samples, extra_decoding_seconds)
+    _, encoded, F = offline.listen(model, samples, extra_decoding_seconds)
     stt = model.stt_model
     tokens, frames = greedy_decode(
         stt.rnnt_decoder,

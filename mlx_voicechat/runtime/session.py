@@ -4,7 +4,7 @@
 the same per-frame step as offline generation (``duplex.think`` / ``duplex.speak``) on each,
 returning one :class:`FrameEvent` per frame: the ids, the deltas of the assistant's text, the
 function channel and the user's words, the turn marks and 1764 samples of speech. For any
-chunking of the input the events equal :func:`duplex.generate` on the same samples (ids, codes
+chunking of the input the events equal :func:`generate.generate` on the same samples (ids, codes
 and transcript identical; audio equal after the codec's fixed 6-sample delay).
 
 Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see

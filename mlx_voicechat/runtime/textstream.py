@@ -3,7 +3,7 @@
 ``TextStream`` decodes the assistant's text (or the function channel) one id at a time with
 the tokenizer's own streaming decoder (``tokenizers.decoders.DecodeStream``), dropping the
 ids offline decoding drops (pad, silence, BOS, EOS), so the concatenated deltas equal
-``duplex.reply_text`` of the whole list. ``TranscriptStream`` does the same for the RNNT's
+``generate.reply_text`` of the whole list. ``TranscriptStream`` does the same for the RNNT's
 SentencePiece pieces and ``rnnt.decode_pieces``.
 """
 
