@@ -13,141 +13,43 @@ and the model's 22.05 kHz speech to the output rate (24 kHz by default, 22.05 kH
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
 import json
 import logging
 import secrets
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Dict, List, Optional, Tuple
 
 from ..runtime.duplex import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
+from .responses import Responses
+from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)
+    DEFAULT_RATE,
+    INPUT_RATES,
+    MAX_EVENT_BYTES,
+    MODEL_INPUT_RATE,
+    MODEL_OUTPUT_RATE,
+    OUTPUT_RATES,
+    PCM16_SCALE,
+    VOICES,
+    Append,
+    Cancel,
+    Clear,
+    Command,
+    Commit,
+    Event,
+    ProtocolError,
+    Resampler,
+    Start,
+    ToolResult,
+    _new_id,
+    decode_pcm16,
+    encode_pcm16,
+)
 
-MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
-MODEL_OUTPUT_RATE = 22050  # Hz, what the session speaks at
-DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
-INPUT_RATES = (24000, 16000)
-OUTPUT_RATES = (24000, 22050)
-MAX_EVENT_BYTES = 1 << 20  # a client event larger than this is refused
-PCM16_SCALE = 32768.0
-VOICES = ("Aria",)
-
-Event = Dict[str, Any]
 log = logging.getLogger("mlx_voicechat.serve")
-
-
-# --- commands for the worker --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Command:
-    """Something the worker does with the conversation's session, in order."""
-
-
-@dataclass(frozen=True)
-class Start(Command):
-    """Open the session (at the first audio); the instructions are fixed from here on."""
-
-    instructions: Optional[str]
-    tools: tuple = ()
-
-
-@dataclass(frozen=True)
-class ToolResult(Command):
-    """A client's ``function_call_output``: inject it into the model's function channel."""
-
-    call_id: str
-    output: str
-
-
-@dataclass(frozen=True)
-class Append(Command):
-    """Feed float32 samples at 16 kHz (``silence``: fed by the server's clock, not the client)."""
-
-    samples: np.ndarray
-    silence: bool = False
-
-
-@dataclass(frozen=True)
-class Commit(Command):
-    """The user finished: feed trailing silence so that the reply can finish."""
-
-
-@dataclass(frozen=True)
-class Clear(Command):
-    """Drop the client audio that has not been fed yet."""
-
-
-@dataclass(frozen=True)
-class Cancel(Command):
-    """Barge-in: the model is made quiet from the next frame."""
-
-
-class ProtocolError(Exception):
-    """A client event that is answered with an ``error`` event; the session goes on."""
-
-    def __init__(self, code: str, message: str, param: Optional[str] = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-
-
-# --- audio at the edges -------------------------------------------------------------------
-
-
-class Resampler:
-    """Stateful mono float32 resampling; ``rate_in == rate_out`` passes samples through."""
-
-    def __init__(self, rate_in: int, rate_out: int):
-        self.rate_in, self.rate_out = int(rate_in), int(rate_out)
-        self._stream = None
-        if self.rate_in != self.rate_out:
-            import soxr
-
-            self._stream = soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32")
-
-    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.float32)
-        if self._stream is None:
-            return samples
-        return self._stream.resample_chunk(samples, last=last)
-
-
-def decode_pcm16(audio: Any) -> np.ndarray:
-    """Base64 PCM16 LE mono -> float32 in [-1, 1)."""
-    if not isinstance(audio, str):
-        raise ProtocolError("invalid_value", "`audio` must be a base64 string", "audio")
-    try:
-        raw = base64.b64decode(audio, validate=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolError(
-            "invalid_base64", "`audio` is not valid base64 (PCM16 LE mono expected)", "audio"
-        ) from None
-    if len(raw) % 2:
-        raise ProtocolError(
-            "invalid_audio",
-            f"`audio` holds {len(raw)} bytes; PCM16 needs an even number",
-            "audio",
-        )
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / PCM16_SCALE
-
-
-def encode_pcm16(samples: np.ndarray) -> str:
-    """float32 -> base64 PCM16 LE mono (clipped, rounded)."""
-    pcm = np.clip(np.rint(np.asarray(samples, np.float64) * 32767.0), -32768, 32767)
-    return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
-
 
 # --- the state machine --------------------------------------------------------------------
 
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(10)}"
 
 
 # Client event names this server acts on; other known names are answered as unsupported.
@@ -159,7 +61,7 @@ _UNSUPPORTED = {
 }
 
 
-class Realtime:
+class Realtime(Responses):
     """One connection's protocol state. Not thread-safe; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``frames(frame_events)`` -> events."""
@@ -487,272 +389,6 @@ class Realtime:
                 "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
             )
         ], []
-
-    # -- items --
-
-    def _prev(self, item_id: str) -> Optional[str]:
-        return None if self._last_item == item_id else self._last_item
-
-    def _add_item(self, item: dict) -> Event:
-        event = self._event("conversation.item.added", previous_item_id=self._last_item, item=item)
-        self._last_item = item["id"]
-        return event
-
-    def _open_user_item(self) -> List[Event]:
-        self._user_item = _new_id("item")
-        self._user_text = []
-        self._user_frames = 0
-        item = {
-            "id": self._user_item,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "in_progress",
-            "content": [{"type": "input_audio", "transcript": None}],
-        }
-        return [self._add_item(item)]
-
-    def close_user_item(self) -> List[Event]:
-        """Complete the user's item (a turn of the model, or the end of a commit's trailing
-        silence): its transcript so far becomes final."""
-        if self._user_item is None:
-            return []
-        item_id, text = self._user_item, "".join(self._user_text)
-        self._user_item = None
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": text}],
-        }
-        seconds = round(self._user_frames * 0.08, 2)
-        events = []
-        if self.transcription:
-            events.append(
-                self._event(
-                    "conversation.item.input_audio_transcription.completed",
-                    item_id=item_id,
-                    content_index=0,
-                    transcript=text,
-                    usage={"type": "duration", "seconds": seconds},
-                )
-            )
-        events.append(self._event("conversation.item.done", previous_item_id=None, item=item))
-        return events
-
-    # -- the model's frames --
-
-    def frames(self, frame_events: Sequence[Any]) -> List[Event]:
-        """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
-        out: List[Event] = []
-        for f in frame_events:
-            self.frames_seen += 1
-            if self._user_item is not None:
-                self._user_frames += 1
-            if f.transcript and self.transcription:
-                if self._user_item is None:
-                    out += self._open_user_item()
-                self._user_text.append(f.transcript)
-                out.append(
-                    self._event(
-                        "conversation.item.input_audio_transcription.delta",
-                        item_id=self._user_item,
-                        content_index=0,
-                        delta=f.transcript,
-                    )
-                )
-            if f.turn == "start":
-                if self.response is not None:  # a start without an end: close the old one
-                    out += self._close_response("completed")
-                out += self.close_user_item()
-                out += self._open_response()
-            if self.response is not None:
-                out += self._speak(f)
-            for call in getattr(f, "tool_calls", ()):
-                out += self._tool_call(call)
-            for message in getattr(f, "errors", ()):
-                out.append(self.error("tool_call_invalid", message, type_="server_error"))
-            if self.response is not None and f.turn == "end":
-                out += self._close_response("completed")
-        return out
-
-    def _tool_call(self, call) -> List[Event]:
-        """A call the model wrote on its function channel: a function_call item in the open
-        response, or in a response of its own when the model is not speaking."""
-        own = self.response is None
-        out: List[Event] = []
-        if own:
-            response_id = _new_id("resp")
-            self.response = {"id": response_id, "item_id": None, "transcript": [], "samples": 0}
-            out.append(
-                self._event("response.created", response=self._response_object("in_progress", []))
-            )
-        r = self.response
-        calls = r.setdefault("calls", [])
-        index = len(calls) + (0 if own else 1)
-        item = {
-            "id": _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": "in_progress",
-            "name": call.name,
-            "call_id": call.call_id,
-            "arguments": "",
-        }
-        ref = dict(response_id=r["id"], item_id=item["id"], output_index=index, call_id=call.call_id)
-        done = dict(item, status="completed", arguments=call.arguments)
-        out += [
-            self._event(
-                "response.output_item.added", response_id=r["id"], output_index=index, item=item
-            ),
-            self._add_item(item),
-            self._event("response.function_call_arguments.delta", delta=call.arguments, **ref),
-            self._event(
-                "response.function_call_arguments.done",
-                name=call.name,
-                arguments=call.arguments,
-                **ref,
-            ),
-            self._event(
-                "response.output_item.done", response_id=r["id"], output_index=index, item=done
-            ),
-            self._event("conversation.item.done", previous_item_id=None, item=done),
-        ]
-        calls.append(done)
-        self._calls[call.call_id] = done
-        if own:
-            out.append(
-                self._event("response.done", response=self._response_object("completed", calls))
-            )
-            self.response = None
-            self.responses_done += 1
-        return out
-
-    def _open_response(self) -> List[Event]:
-        response_id, item_id = _new_id("resp"), _new_id("item")
-        self._output = Resampler(MODEL_OUTPUT_RATE, self.output_rate)
-        self.response = {
-            "id": response_id,
-            "item_id": item_id,
-            "transcript": [],
-            "samples": 0,
-        }
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        self._assistant_items[item_id] = 0
-        ref = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
-        return [
-            self._event("response.created", response=self._response_object("in_progress", [])),
-            self._event(
-                "response.output_item.added", response_id=response_id, output_index=0, item=item
-            ),
-            self._add_item(item),
-            self._event(
-                "response.content_part.added", part={"type": "audio", "transcript": ""}, **ref
-            ),
-        ]
-
-    def _ref(self) -> dict:
-        r = self.response
-        return dict(response_id=r["id"], item_id=r["item_id"], output_index=0, content_index=0)
-
-    def _speak(self, f) -> List[Event]:
-        r = self.response
-        out = []
-        audio = self._output(f.audio, last=f.turn == "end")
-        r["samples"] += audio.size
-        self._assistant_items[r["item_id"]] = int(r["samples"] * 1000 // self.output_rate)
-        out.append(
-            self._event("response.output_audio.delta", delta=encode_pcm16(audio), **self._ref())
-        )
-        if f.text:
-            r["transcript"].append(f.text)
-            out.append(
-                self._event("response.output_audio_transcript.delta", delta=f.text, **self._ref())
-            )
-        return out
-
-    def _response_object(self, status: str, output: list, details: Optional[dict] = None) -> dict:
-        r = self.response
-        return {
-            "id": r["id"],
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "conversation_id": self.conversation_id,
-            "output": output,
-            "output_modalities": ["audio"],
-            "audio": {
-                "output": {
-                    "format": {"type": "audio/pcm", "rate": self.output_rate},
-                    "voice": self.voice,
-                }
-            },
-            "max_output_tokens": "inf",
-            "metadata": None,
-            "usage": None,
-        }
-
-    def _close_response(self, status: str) -> List[Event]:
-        r = self.response
-        transcript = "".join(r["transcript"])
-        ref = self._ref()
-        item = {
-            "id": r["item_id"],
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed" if status == "completed" else "incomplete",
-            "content": [{"type": "output_audio", "transcript": transcript}],
-        }
-        details = None
-        if status == "cancelled":
-            details = {"type": "cancelled", "reason": "client_cancelled"}
-        events = [
-            self._event("response.output_audio.done", **ref),
-            self._event("response.output_audio_transcript.done", transcript=transcript, **ref),
-            self._event(
-                "response.content_part.done",
-                part={"type": "audio", "transcript": transcript},
-                **ref,
-            ),
-            self._event(
-                "response.output_item.done", response_id=r["id"], output_index=0, item=item
-            ),
-            self._event("conversation.item.done", previous_item_id=None, item=item),
-            self._event(
-                "response.done",
-                response=self._response_object(status, [item] + r.get("calls", []), details),
-            ),
-        ]
-        self.response = None
-        self._output = None
-        self.responses_done += 1
-        return events
-
-    # -- transport notices --
-
-    def commit_done(self) -> List[Event]:
-        """The trailing silence of a commit has been fed: the user's item is complete."""
-        return self.close_user_item()
-
-    def tool_injection(self, call_id: str, frames: int) -> Event:
-        """A vendor event: the result of ``call_id`` is being fed to the model, one token per
-        frame, for ``frames`` frames (nothing is spoken meanwhile)."""
-        return self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)
-
-    def stats(self, **fields) -> Event:
-        """A vendor event with the transport's figures (lag, frames, real-time factor)."""
-        return self._event("x-voicechat.stats", frames=self.frames_seen, **fields)
-
 
 def _format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
     """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""

@@ -1,0 +1,131 @@
+"""What crosses the protocol's edges: the commands the worker runs, the errors a client event
+gets, and PCM16 audio in and out (resampled statefully, so chunk joins leave no seam)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
+MODEL_OUTPUT_RATE = 22050  # Hz, what the session speaks at
+DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
+INPUT_RATES = (24000, 16000)
+OUTPUT_RATES = (24000, 22050)
+MAX_EVENT_BYTES = 1 << 20  # a client event larger than this is refused
+PCM16_SCALE = 32768.0
+VOICES = ("Aria",)
+
+Event = Dict[str, Any]
+
+
+# --- commands for the worker --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """Something the worker does with the conversation's session, in order."""
+
+
+@dataclass(frozen=True)
+class Start(Command):
+    """Open the session (at the first audio); the instructions are fixed from here on."""
+
+    instructions: Optional[str]
+    tools: tuple = ()
+
+
+@dataclass(frozen=True)
+class ToolResult(Command):
+    """A client's ``function_call_output``: inject it into the model's function channel."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True)
+class Append(Command):
+    """Feed float32 samples at 16 kHz (``silence``: fed by the server's clock, not the client)."""
+
+    samples: np.ndarray
+    silence: bool = False
+
+
+@dataclass(frozen=True)
+class Commit(Command):
+    """The user finished: feed trailing silence so that the reply can finish."""
+
+
+@dataclass(frozen=True)
+class Clear(Command):
+    """Drop the client audio that has not been fed yet."""
+
+
+@dataclass(frozen=True)
+class Cancel(Command):
+    """Barge-in: the model is made quiet from the next frame."""
+
+
+class ProtocolError(Exception):
+    """A client event that is answered with an ``error`` event; the session goes on."""
+
+    def __init__(self, code: str, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+# --- audio at the edges -------------------------------------------------------------------
+
+
+class Resampler:
+    """Stateful mono float32 resampling; ``rate_in == rate_out`` passes samples through."""
+
+    def __init__(self, rate_in: int, rate_out: int):
+        self.rate_in, self.rate_out = int(rate_in), int(rate_out)
+        self._stream = None
+        if self.rate_in != self.rate_out:
+            import soxr
+
+            self._stream = soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32")
+
+    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.float32)
+        if self._stream is None:
+            return samples
+        return self._stream.resample_chunk(samples, last=last)
+
+
+def decode_pcm16(audio: Any) -> np.ndarray:
+    """Base64 PCM16 LE mono -> float32 in [-1, 1)."""
+    if not isinstance(audio, str):
+        raise ProtocolError("invalid_value", "`audio` must be a base64 string", "audio")
+    try:
+        raw = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(
+            "invalid_base64", "`audio` is not valid base64 (PCM16 LE mono expected)", "audio"
+        ) from None
+    if len(raw) % 2:
+        raise ProtocolError(
+            "invalid_audio",
+            f"`audio` holds {len(raw)} bytes; PCM16 needs an even number",
+            "audio",
+        )
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / PCM16_SCALE
+
+
+def encode_pcm16(samples: np.ndarray) -> str:
+    """float32 -> base64 PCM16 LE mono (clipped, rounded)."""
+    pcm = np.clip(np.rint(np.asarray(samples, np.float64) * 32767.0), -32768, 32767)
+    return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
