@@ -25,8 +25,8 @@ from typing import Any, List, Optional
 import mlx.core as mx
 
 from .duplex import GenerationError
-from .generate import GenerationResult
 from .events import FrameEvent
+from .generate import GenerationResult
 from .session import SessionError
 
 #: The ``kind`` values of :class:`VoiceChatEvent`, as in mlx-audio.
