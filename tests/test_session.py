@@ -250,3 +250,16 @@ def test_two_sessions_in_two_threads_equal_alone(tiny, tiny_offline):
     t.start()
     t.join(timeout=120)
     _same_as_offline(box[0], tiny_offline)
+
+
+def test_pending_samples_and_argument_checks(tiny):
+    s = tiny.session("", seed=0)
+    assert s.pending_samples == 0
+    s.feed(np.zeros(2600, np.float32))  # frames 0 and 1 (1280 k + 199 <= 2600)
+    assert s.frames == 2 and s.pending_samples == 2600 - 2 * 1280
+    s.feed(np.zeros(200, np.float32))  # frame 2 is final before its slot ends
+    assert s.frames == 3 and s.pending_samples == 0
+    with pytest.raises(SessionError, match="forced ids"):
+        s.force(text_id=True)
+    with pytest.raises(SessionError, match="max_seconds"):
+        tiny.session("", max_seconds=True)

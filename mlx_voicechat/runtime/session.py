@@ -82,7 +82,8 @@ class Session:
                 f"{cfg.text_args.max_position_embeddings} positions and the audio needs at least one"
             )
         if max_seconds is not None:
-            if not isinstance(max_seconds, (int, float)) or not np.isfinite(max_seconds) or max_seconds <= 0:
+            number = isinstance(max_seconds, (int, float)) and not isinstance(max_seconds, bool)
+            if not number or not np.isfinite(max_seconds) or max_seconds <= 0:
                 raise SessionError(f"max_seconds must be a positive number, got {max_seconds!r}")
             limit = min(limit, max(1, int(max_seconds / cfg.frame_duration)))
         self.max_frames = limit
@@ -161,8 +162,7 @@ class Session:
     @property
     def pending_samples(self) -> int:
         """16 kHz samples received that are not yet part of an emitted frame."""
-        done = self._frontend.samples_needed(self.frames) if self.frames else 0
-        return max(self._frontend.received - done, 0) if self.frames else self._frontend.received
+        return max(self._frontend.received - self.frames * self.input_samples_per_frame, 0)
 
     def samples_needed(self, k: int) -> int:
         """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
@@ -190,7 +190,8 @@ class Session:
         self._check_open()
         vocab = self.config.text_args.vocab_size
         for v in (text_id, function_id):
-            if v is not None and not (isinstance(v, (int, np.integer)) and 0 <= int(v) < vocab):
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < vocab
+            if v is not None and not ok:
                 raise SessionError(f"forced ids must be ints in [0, {vocab}), got {v!r}")
         self._forced.append((text_id, function_id))
 
