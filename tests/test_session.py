@@ -49,10 +49,12 @@ def _random_chunks(total, seed):
 
 
 def _same_as_offline(events, off):
-    assert [e.index for e in events] == list(range(len(off.text_ids)))
-    assert [e.text_id for e in events] == off.text_ids
-    assert [e.function_id for e in events] == off.function_ids
-    assert np.array_equal(np.stack([e.codes for e in events]), off.codes)
+    frames = [e for e in events if not e.remainder]
+    assert all(e.remainder for e in events[len(frames) :])  # only the very last one may be
+    assert [e.index for e in frames] == list(range(len(off.text_ids)))
+    assert [e.text_id for e in frames] == off.text_ids
+    assert [e.function_id for e in frames] == off.function_ids
+    assert np.array_equal(np.stack([e.codes for e in frames]), off.codes)
     assert "".join(e.transcript for e in events) == off.user_transcript
     assert "".join(e.text for e in events) == off.text
     assert "".join(e.function_text for e in events) == off.function_text
@@ -263,3 +265,19 @@ def test_pending_samples_and_argument_checks(tiny):
         s.force(text_id=True)
     with pytest.raises(SessionError, match="max_seconds"):
         tiny.session("", max_seconds=True)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_end_of_input_that_makes_no_new_frame(tiny, extra):
+    """When the end of input adds no frame (about one length in ten), finish() still hands out
+    the codec's last samples and the held-back transcript and text, on a remainder event."""
+    n = 1280 * 9 + 199 + extra * 100  # every frame is final before finish()
+    wave = _wave(n / 16000, seed=7)[:n]
+    off = tiny.generate(wave, system_prompt="", extra_decoding_seconds=0.0, seed=1)
+    s = tiny.session("", seed=1)
+    events = s.feed(wave)
+    assert len(events) == off.frames
+    tail = s.finish(0.0)
+    assert len(tail) == 1 and tail[0].remainder and tail[0].index == off.frames - 1
+    assert tail[0].codes.shape == (0,) and tail[0].audio.shape == (6,)
+    _same_as_offline(events + tail, off)

@@ -132,7 +132,8 @@ class StreamRun:
             if self.events
             else np.zeros(0, np.float32)
         )
-        delay = len(audio) - len(self.events) * samples_per_frame
+        frames = sum(1 for e in self.events if not e.remainder)
+        delay = len(audio) - frames * samples_per_frame
         return audio[delay:] if delay > 0 else audio
 
 
@@ -188,6 +189,8 @@ def stream_samples(
         call(session.finish, 0.0)
     latencies = []
     for event, j in zip(events, emitted, strict=True):
+        if event.remainder:  # no frame of its own: the end of the stream's last samples
+            continue
         needed = session.samples_needed(event.index)
         first = bisect.bisect_left(received, needed)  # the call that brought its last sample
         latencies.append(calls[j][1] - arrival[first])

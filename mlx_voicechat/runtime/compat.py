@@ -185,12 +185,13 @@ class VoiceChatStreamingSession:
                 out.append(VoiceChatEvent(
                     "user_transcript_delta", e.index, delta=e.transcript, text=self._transcript
                 ))
-            if e.text_id not in self._special:
+            # A remainder event repeats the last frame's ids: only what it adds is an event.
+            if e.text_id not in self._special and (e.text or not e.remainder):
                 self._text += e.text
                 out.append(VoiceChatEvent(
                     "assistant_text_delta", e.index, e.text_id, e.text, self._text
                 ))
-            if e.function_id not in self._special:
+            if e.function_id not in self._special and (e.function_text or not e.remainder):
                 self._function += e.function_text
                 out.append(VoiceChatEvent(
                     "function_delta", e.index, e.function_id, e.function_text, self._function

@@ -25,6 +25,10 @@ class FrameEvent:
     errors: list = field(default_factory=list)
     end: Optional[str] = None  # why the session ended at this frame ("max_seconds")
     forced: bool = False  # the ids fed back at this frame were forced (cancel / tool result)
+    # True on the event finish() adds when the end of input makes no new frame: it carries what
+    # the stream still held (the codec's last samples, the last transcript tokens and text) and
+    # repeats the last frame's index and ids; its codes are empty (no new frame).
+    remainder: bool = False
 
 
 def _output_parts(codes: mx.array, audio: mx.array) -> List[mx.array]:

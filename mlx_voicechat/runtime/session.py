@@ -313,10 +313,37 @@ class Session:
         self._resamplers.clear()
         events = self._run(self._frontend.push(np.zeros(pad, np.float32)))
         if self._finished is None:
-            events += self._run(self._frontend.finish(), last=True)
+            final = self._run(self._frontend.finish(), last=True)
+            if not final and self.frames and self._finished is None:
+                final = [self._remainder()]  # the last frame went out with an earlier call
+            events += final
             if self._finished is None:
                 self._finished = "finished"
         return events
+
+    def _remainder(self) -> FrameEvent:
+        """The end of the stream when no frame is left to carry it (see FrameEvent.remainder)."""
+        codec = self.model.tts_model.audio_codec
+        tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
+        text_id, function_id = self._last_ids
+        event = FrameEvent(
+            self.frames - 1, text_id, function_id, np.zeros(0, np.int32), None, remainder=True
+        )
+        event.audio = _read(mx.view(tail, mx.int32)).view(np.float32)
+        event.speaking = self.speaking
+        self._end_of_stream(event)
+        return event
+
+    def _end_of_stream(self, event: FrameEvent) -> None:
+        """What the streams still hold goes on the last event: RNNT tokens, a held-back
+        character, an unfinished tool call."""
+        self._drain_rnnt(event)
+        event.text += self._text.flush()
+        event.function_text += self._function.flush()
+        if self._calls is not None:
+            unfinished = self._calls.close()
+            if unfinished:
+                event.errors.append(unfinished)
 
     # -- the frame loop --------------------------------------------------------------------------
 
@@ -371,6 +398,7 @@ class Session:
             if self.frames >= self.max_frames:
                 self._finished = event.end = "max_seconds"
             pending = (event, codes, audio)
+            self._last_ids = (text_id, function_id)
         self._settle()
         if pending is not None:
             event, codes, audio = pending
@@ -379,13 +407,7 @@ class Session:
                 audio = mx.concatenate([audio, tail])
             events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
             if last or event.end is not None:
-                self._drain_rnnt(event)
-                event.text += self._text.flush()
-                event.function_text += self._function.flush()
-                if self._calls is not None:
-                    unfinished = self._calls.close()
-                    if unfinished:
-                        event.errors.append(unfinished)
+                self._end_of_stream(event)
         return events
 
     def _drain_rnnt(self, event: FrameEvent) -> None:
