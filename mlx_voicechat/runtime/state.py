@@ -42,9 +42,10 @@ def _cache_arrays(cache) -> List[Any]:
     return [a for a in state if isinstance(a, mx.array)]
 
 
-def _weights_key(model) -> tuple:
+def _weights(model) -> tuple:
+    """The weight arrays a snapshot is keyed on (held by the entry, so their ids stay theirs)."""
     speech = model.tts_model
-    return (id(speech.tts_model.rvq_embs), id(speech.audio_prompt_latents[model.config.speaker]))
+    return (speech.tts_model.rvq_embs, speech.audio_prompt_latents[model.config.speaker])
 
 
 def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSource]):
@@ -57,9 +58,11 @@ def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSou
     if memo is None:
         memo = OrderedDict()
         object.__setattr__(model, "_session_snapshots", memo)
-    key = (_weights_key(model), tuple(int(i) for i in prompt), int(seed))
+    weights = _weights(model)
+    key = (tuple(id(w) for w in weights), tuple(int(i) for i in prompt), int(seed))
     with _snapshot_lock:
-        snap = memo.get(key)
+        entry = memo.get(key)
+        snap = entry[1] if entry is not None else None
         if snap is not None:
             memo.move_to_end(key)
     if snap is None:
@@ -70,7 +73,7 @@ def open_state(model, prompt: Sequence[int], seed: int, noise: Optional[NoiseSou
         )
         snap = cache
         with _snapshot_lock:
-            memo[key] = snap
+            memo[key] = (weights, snap)
             while len(memo) > _SNAPSHOTS_MAX:
                 memo.popitem(last=False)
     noise_copy = KeyNoise.__new__(KeyNoise)
