@@ -174,3 +174,51 @@ def test_llm_step_follows_weights_changed_after_first_use(tiny_checkpoints, monk
     after, scan = run(True), run(False)
     assert not all(mx.array_equal(a, b).item() for a, b in zip(before, after))
     assert all(mx.array_equal(a, b).item() for a, b in zip(after, scan))
+
+
+def _tts_steps(model, steps=12, seed=5):
+    """The TTS backbone over its warm-up and ``steps`` single positions: outputs and caches."""
+    tts = model.tts_model.tts_model
+    H = model.config.tts_config.hidden_size
+    x = mx.random.normal((2, 6 + steps, H), key=mx.random.key(seed))
+    x = x.astype(tts.backbone.norm.weight.dtype)
+    cache = tts.make_cache()
+    outs = [tts.backbone(x[:, :6], cache)]
+    outs += [tts.backbone(x[:, t : t + 1], cache) for t in range(6, 6 + steps)]
+    states = [a for c in cache for a in (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])]
+    mx.eval(outs, states)
+    return outs, states
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_tts_backbone_step_equals_layer_by_layer(tiny_checkpoints, dtype, monkeypatch):
+    """Backbone.step (compiled segments between the caches, RoPE offset as an array): the same
+    bits as the layers one by one, past the tiny model's sliding window (16)."""
+    from mlx_voicechat.nets.tts import Backbone
+
+    model = load(tiny_checkpoints["mlx-community"])
+    model.set_dtype(dtype)
+    calls = []
+    orig = Backbone.step
+    monkeypatch.setattr(Backbone, "step", lambda *a: calls.append(1) or orig(*a))
+    fast = _tts_steps(model, steps=24)
+    assert len(calls) == 24
+    monkeypatch.setattr(Backbone, "use_step", False)
+    plain = _tts_steps(model, steps=24)
+    assert len(calls) == 24
+    for a, b in zip(fast[0] + fast[1], plain[0] + plain[1]):
+        assert a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+def test_tts_backbone_step_follows_weights_changed_after_first_use(tiny_checkpoints, monkeypatch):
+    from mlx_voicechat.nets.tts import Backbone
+
+    model = load(tiny_checkpoints["mlx-community"])
+    before = _tts_steps(model)[0]
+    bb = model.tts_model.tts_model.backbone
+    bb.layers[2].mlp.down_proj.weight = bb.layers[2].mlp.down_proj.weight * 2
+    after = _tts_steps(model)[0]
+    monkeypatch.setattr(Backbone, "use_step", False)
+    plain = _tts_steps(model)[0]
+    assert not mx.array_equal(before[-1], after[-1]).item()
+    assert all(mx.array_equal(a, b).item() for a, b in zip(after, plain))

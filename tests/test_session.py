@@ -144,12 +144,15 @@ def test_one_host_read_per_frame(tiny, sync_count):
     events = s.feed(wave[1280 : 1280 * 12])
     n = s.frames - before
     assert len(events) == n >= 9
-    # n reads of the frames' decisions (each carrying the previous frame's audio), and one
-    # for the last frame's audio, so that feed hands out every frame's speech.
-    assert count[0] == n + 1
+    # One read per frame: its decisions with the previous frame's audio, the last frame's
+    # read also its own, so that feed hands out every frame's speech.
+    assert count[0] == n
     count[0] = 0
     one = s.feed(wave[1280 * 12 : 1280 * 13])
-    assert len(one) == 1 and count[0] == 2
+    assert len(one) == 1 and count[0] == 1
+    assert one[0].audio.shape == (1764,)
+    count[0] = 0
+    assert s.feed(wave[1280 * 13 : 1280 * 13 + 100]) == [] and count[0] == 0
 
 
 def test_bad_input_is_one_clear_error_and_the_session_goes_on(tiny):

@@ -11,13 +11,17 @@ finish on its own is its last ``(n_fft - hop) // 2`` samples (6 at 22.05 kHz, 0.
 overlap the first STFT frames of the next code frame. ``decode_step`` therefore emits a stream
 delayed by ``stream_delay`` samples (silence before the first sample) and ``decode_flush`` emits
 the final ones; ``decode`` is that same path run once over the whole sequence.
+
+A live session decodes one code frame per call, and there every shape is fixed after the first
+frame, so that call runs as one ``mx.compile``'d function (see ``AudioCodec.use_fast_step``) with
+the same arithmetic in the same order as the general path, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -50,6 +54,23 @@ class ConvNeXtBlock(nn.Module):
             padded = mx.concatenate([tail, x], axis=1)
         y = self.pwconv2(nn.gelu(self.pwconv1(self.norm(self.dwconv(padded)))))
         return x + y, padded[:, padded.shape[1] - self.context :]
+
+
+def _block_step(
+    block: ConvNeXtBlock, x: mx.array, tail: mx.array, weights: Iterator[mx.array]
+) -> Tuple[mx.array, mx.array]:
+    """``ConvNeXtBlock.__call__(x, tail)`` on the fast step's weights, taken from ``weights``."""
+    taps, taps_b, norm_w, norm_b, w1, b1, w2, b2 = (next(weights) for _ in range(8))
+    padded = mx.concatenate([tail, x], axis=1)
+    T = x.shape[1]
+    # MLX's convolution adds the taps in float32 and rounds once (this matters for bf16).
+    wide, taps = padded.astype(mx.float32), taps.astype(mx.float32)
+    acc = wide[:, :T] * taps[0]
+    for k in range(1, block.context + 1):
+        acc = acc + wide[:, k : k + T] * taps[k]
+    h = mx.fast.layer_norm(acc.astype(x.dtype) + taps_b, norm_w, norm_b, block.norm.eps)
+    y = nn.gelu(h @ w1 + b1) @ w2 + b2
+    return x + y, padded[:, T:]
 
 
 def _stage_widths(cfg: CodecConfig) -> List[int]:
@@ -169,6 +190,10 @@ class AudioCodec(nn.Module):
     """``tts_model.audio_codec``: ``encode(wave) -> codes``, ``decode(codes) -> wave`` and the
     streaming ``decode_step``."""
 
+    #: Decode one code frame on a filled batch-1 cache through the compiled fast step
+    #: (set ``False`` to use the general path everywhere).
+    use_fast_step = True
+
     def __init__(self, codec_config: CodecConfig):
         super().__init__()
         cfg = codec_config
@@ -181,6 +206,11 @@ class AudioCodec(nn.Module):
         self.prvq = PRVQ(cfg)
         self.decoder = CodecDecoder(cfg)
         self._window = hanning(cfg.n_fft, periodic=True).astype(mx.float32)
+        # The fast step's compiled function, its weights (with the parameters they came from)
+        # and its constant envelope, made on first use; kept off the module's parameter tree.
+        object.__setattr__(self, "_step_fn", None)
+        object.__setattr__(self, "_step_weights", ((), []))
+        object.__setattr__(self, "_step_envelope", None)
 
     # --- constants -------------------------------------------------------------------
 
@@ -273,8 +303,11 @@ class AudioCodec(nn.Module):
         The output stream lags ``decode`` by ``stream_delay`` samples: the first call starts
         with that many zeros, and ``decode_flush`` returns the last samples once the stream
         ends. So ``concat(steps)[:, delay:] ++ decode_flush == decode(all codes)``.
-        ``cache`` is updated in place and returned.
+        ``cache`` is updated in place and returned. One frame on a batch-1 cache that has seen
+        a frame runs as the compiled fast step (same bits; see ``use_fast_step``).
         """
+        if self._fast_step_applies(codes, cache):
+            return self._fast_step(codes, cache)
         n_fft, hop = self.config.n_fft, self.config.hop_length
         overlap = n_fft - hop
         z = self.dequantize(codes).astype(self.decoder.layers[0].weight.dtype)
@@ -295,6 +328,130 @@ class AudioCodec(nn.Module):
                 axis=1,
             )
         cache.frames += codes.shape[1]
+        return wave, cache
+
+    # --- the one-frame fast step ------------------------------------------------------
+    #
+    # Per frame the general path dispatches some 250 small ops, and MLX's CPU convolutions are
+    # slower than matmuls that add the same products. The fast step computes the very same sums
+    # as one compiled function:
+    #   - the 31 codebook gathers are one gather from the stacked codebooks, and a scan adds
+    #     the selected means in the general path's order;
+    #   - a depthwise conv is the sum of its shifted, scaled inputs, tap by tap, as MLX's
+    #     convolution adds them;
+    #   - the k1 and transposed (stride = kernel) convs are matmuls by weights copied once into
+    #     row-major [in, out]: on CPU about a third faster than the conv, or than a matmul by a
+    #     transposed view (see nets/layout.py), and BLAS adds each output's products in the same
+    #     order in all three;
+    #   - the squared-window envelope is the same for every later frame: computed once.
+    # test_codec_step checks that waves and caches match the general path bit for bit.
+
+    def _fast_step_applies(self, codes: mx.array, cache: CodecDecodeCache) -> bool:
+        """One frame, batch 1, on a cache that has seen a frame: every shape is then fixed."""
+        return (
+            self.use_fast_step
+            and cache.ola_tail is not None
+            and codes.shape == (1, 1, self.config.num_quantizers)
+            and cache.ola_tail.shape[0] == 1
+        )
+
+    def _step_sources(self) -> List[mx.array]:
+        """The parameters the fast step reads, in the order ``_prepare_step_weights`` uses them."""
+        out = list(self.prvq.mus_list)
+        for layer in self.decoder.layers:
+            if isinstance(layer, ConvNeXtBlock):
+                out += [layer.dwconv.weight, layer.dwconv.bias, layer.norm.weight, layer.norm.bias]
+                out += [layer.pwconv1.weight, layer.pwconv1.bias]
+                out += [layer.pwconv2.weight, layer.pwconv2.bias]
+            else:
+                out.append(layer.weight)
+        return out
+
+    def _prepare_step_weights(self, sources: Sequence[mx.array]) -> List[mx.array]:
+        """``_step_sources`` in the fast step's layouts: the stacked codebooks [Q, K, latent];
+        per block the depthwise taps [kernel, C] and [in, out] pointwise weights; per
+        transposed conv [in, kernel * out]; the last k1 conv [in, out]."""
+        q = self.config.num_quantizers
+        out = [mx.stack(list(sources[:q]))]
+        i = q
+        for layer in self.decoder.layers:
+            if isinstance(layer, ConvNeXtBlock):
+                dw, dw_b, norm_w, norm_b, w1, b1, w2, b2 = sources[i : i + 8]
+                out += [dw[:, :, 0].T, dw_b, norm_w, norm_b, mx.contiguous(w1[:, 0].T), b1]
+                out += [mx.contiguous(w2[:, 0].T), b2]
+                i += 8
+            else:
+                w = sources[i]  # Conv1d [out, 1, in] or ConvTranspose1d [out, kernel, in]
+                out.append(mx.contiguous(w.transpose(2, 1, 0).reshape(w.shape[2], -1)))
+                i += 1
+        mx.eval(out)  # computed now, once, and readable from any thread
+        return out
+
+    def _current_step_weights(self) -> List[mx.array]:
+        """The prepared weights, rebuilt whenever a parameter has been replaced since (loading,
+        ``update``, a dtype change); the compiled step then reads the new ones. Parameters are
+        told apart by identity, so one written in place (``w[...] = v``) is not noticed."""
+        sources = self._step_sources()
+        known, weights = self._step_weights
+        if len(known) != len(sources) or any(a is not b for a, b in zip(known, sources)):
+            weights = self._prepare_step_weights(sources)
+            object.__setattr__(self, "_step_weights", (tuple(sources), weights))
+        return weights
+
+    def _steady_envelope(self) -> Tuple[mx.array, mx.array]:
+        """The squared-window envelope of every one-frame step after the first: the part that
+        divides its wave, and the tail it leaves (both what the general path computes)."""
+        if self._step_envelope is None:
+            n_fft, hop = self.config.n_fft, self.config.hop_length
+            overlap = n_fft - hop
+            frame = mx.broadcast_to(self._window**2, (1, self.samples_per_frame // hop, n_fft))
+            env = self._overlap_add(frame)[0]
+            done = env.shape[0] - overlap
+            head = mx.concatenate([env[:overlap] + env[done:], env[overlap:done]])
+            tail = env[done:]
+            mx.eval(head, tail)
+            object.__setattr__(self, "_step_envelope", (head, tail))
+        return self._step_envelope
+
+    def _compiled_step(self) -> Callable:
+        """``(codes, ola_tail, envelope, *conv_tails, *weights) -> (wave, ola_tail, *conv_tails)``
+        for one frame, compiled once; every array it reads is an argument."""
+        if self._step_fn is not None:
+            return self._step_fn
+        overlap = self.config.n_fft - self.config.hop_length
+        num_blocks = self.decoder.num_blocks
+
+        def step(codes, ola_tail, envelope, *rest):
+            tails, (table, *weights) = rest[:num_blocks], rest[num_blocks:]
+            sel = table[mx.arange(table.shape[0]), codes[0, 0]].astype(mx.float32)
+            z = mx.cumsum(sel, axis=0)[-1:][None]  # (((m0 + m1) + m2) + ...), like PRVQ.decode
+            x, weights = z.astype(weights[0].dtype), iter(weights)  # the decoder's dtype
+            new_tails = []
+            for layer in self.decoder.layers:
+                if isinstance(layer, ConvNeXtBlock):
+                    x, tail = _block_step(layer, x, tails[len(new_tails)], weights)
+                    new_tails.append(tail)
+                else:
+                    x = (x @ next(weights)).reshape(1, -1, layer.weight.shape[0])
+            num = self._overlap_add(self._spectrum_to_frames(x))
+            num = mx.concatenate([num[:, :overlap] + ola_tail, num[:, overlap:]], axis=1)
+            done = num.shape[1] - overlap
+            return (num[:, :done] / envelope, num[:, done:], *new_tails)
+
+        object.__setattr__(self, "_step_fn", mx.compile(step))
+        return self._step_fn
+
+    def _fast_step(
+        self, codes: mx.array, cache: CodecDecodeCache
+    ) -> Tuple[mx.array, CodecDecodeCache]:
+        """``decode_step`` of one frame [1, 1, Q] on a cache that has seen a frame."""
+        envelope, envelope_tail = self._steady_envelope()
+        wave, cache.ola_tail, *tails = self._compiled_step()(
+            codes, cache.ola_tail, envelope, *cache.conv_tails, *self._current_step_weights()
+        )
+        cache.conv_tails = tails
+        cache.envelope_tail = envelope_tail
+        cache.frames += 1
         return wave, cache
 
     def decode_flush(self, cache: CodecDecodeCache) -> mx.array:

@@ -7,10 +7,11 @@ out (two heads on the ``norm_f`` output, owned by the caller).
 One frame is one token through 56 layers. Where mlx-lm runs a single Mamba token through its
 chunked SSD scan (everywhere but Metal, where it has a kernel), :meth:`FusedNemotronH.step`
 runs it as a recurrence, without the scan's masks, cumulative sums and repeats, and each run of
-Mamba / MLP layers between two attention layers as one ``mx.compile``'d function (35 -> 27 ms
-per token at the benchmark's medium scale on a 2-core CPU). Every value is computed by the
-same operations in the same order as mlx-lm's scan at length 1 (its decay is ``exp(0) = 1``
-and its inner products have one term), so the result is bit-identical (tested).
+Mamba / MLP layers between two attention layers as one ``mx.compile``'d function (its weights
+constants of the trace, see :mod:`.compiled`; 35 -> 27 ms per token at the benchmark's medium
+scale on a 2-core CPU). Every value is computed by the same operations in the same order as
+mlx-lm's scan at length 1 (its decay is ``exp(0) = 1`` and its inner products have one term),
+so the result is bit-identical (tested).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.nemotron_h import ModelArgs, NemotronHBlock, NemotronHModel
 from mlx_lm.models.ssm import compute_dt
+
+from .compiled import FrozenCompile
 
 
 def mamba_step(
@@ -100,7 +103,7 @@ class FusedNemotronH(NemotronHModel):
     def __init__(self, args: ModelArgs):
         super().__init__(args)
         self.embeddings = nn.Identity()
-        object.__setattr__(self, "_plan", None)
+        object.__setattr__(self, "_plan", FrozenCompile(self._build_plan, lambda: [self]))
 
     def __call__(self, embeds: mx.array, cache: Optional[List[Any]] = None) -> mx.array:
         if self._steppable(embeds, cache):
@@ -130,15 +133,17 @@ class FusedNemotronH(NemotronHModel):
         )
 
     def _step_plan(self) -> List[Tuple[str, Any, List[int]]]:
-        """Segments: ``("attn", block, [cache index])`` or ``("run", fn, [cache indices])``."""
-        if self._plan is not None:
-            return self._plan
+        """Segments: ``("attn", block, [cache index])`` or ``("run", fn, [cache indices])``,
+        for the current weights (see :mod:`.compiled`)."""
+        return self._plan.get()
+
+    def _build_plan(self) -> List[Tuple[str, Any, List[int]]]:
         plan, run, run_caches, ci = [], [], [], 0
 
         def close():
             if run:
                 blocks = list(run)
-                fn = mx.compile(_segment_fn(blocks), inputs=blocks)
+                fn = mx.compile(_segment_fn(blocks))
                 plan.append(("run", fn, list(run_caches)))
                 run.clear()
                 run_caches.clear()
@@ -157,7 +162,6 @@ class FusedNemotronH(NemotronHModel):
             else:
                 raise ValueError(f"no single-token step for block type {block.block_type!r}")
         close()
-        object.__setattr__(self, "_plan", plan)
         return plan
 
     def step(self, embeds: mx.array, cache: List[Any]) -> mx.array:

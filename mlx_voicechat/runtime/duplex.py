@@ -86,6 +86,7 @@ class DuplexCache:
     prefix: Optional[mx.array]  # [1, P, H] prompt rows, consumed by the first frame's prefill
     prompt_frames: int
     prev_ids: mx.array  # [2] the last frame's [text, function] ids, on the device
+    text_id: Optional[mx.array] = None  # [1] the last frame's text id alone (see think)
     position: int = 0  # timeline position of the next input frame to speak
 
 
@@ -205,17 +206,19 @@ def think(
     model,
     cache: DuplexCache,
     audio_frame: mx.array,
-    override: Optional[Callable[[mx.array], mx.array]] = None,
-    parallel_heads: bool = False,
+    override: Optional[Callable[[mx.array], Tuple[mx.array, Callable]]] = None,
 ) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
     Advances the LLM cache. The previous frame's ids are read on the device
     (``cache.prev_ids``), so the next frame's LLM can be queued before the host has seen them.
-    ``override`` maps the heads' ids to the ids this frame feeds back and speaks (a barge-in's
-    silence, a tool result's tokens), on the device. ``parallel_heads`` runs the function
-    head on :func:`speech_stream`, beside the text head (a live frame has nothing else for
-    the second core to do until its text id is known)."""
+    ``override(text)`` maps the text head's id ``[1]`` to the one this frame feeds back and
+    speaks, and returns it with the same map for the function head's id (a barge-in's
+    silence, a tool result's tokens), on the device.
+
+    The text head runs before the function head on the same stream, and the frame's text id
+    alone is kept in ``cache.text_id``: speech queued on it (:func:`speak` on another stream)
+    starts once the text head is done, beside the function head."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
@@ -228,15 +231,20 @@ def think(
         row = mx.concatenate([cache.prefix.astype(row.dtype), row], axis=1)
         cache.prefix = None
     h = stt.llm(row, cache.llm)[:, -1:]
-    if parallel_heads:
-        with mx.stream(speech_stream()):
-            function = mx.argmax(stt.function_head(h), axis=-1)
-    else:
-        function = mx.argmax(stt.function_head(h), axis=-1)
-    ids = mx.concatenate([mx.argmax(stt.lm_head(h), axis=-1), function], axis=-1)
-    ids = ids.reshape(-1).astype(mx.int32)
+    text = mx.argmax(stt.lm_head(h), axis=-1).reshape(-1).astype(mx.int32)
+    fix_function = None
     if override is not None:
-        ids = override(ids).astype(mx.int32)
+        text, fix_function = override(text)
+        text = text.astype(mx.int32)
+    # MLX signals an array to other streams when the whole eval it belongs to is done: the
+    # text id gets an eval of its own, so speech queued on it does not wait for the function
+    # head (and that head runs beside the speech).
+    mx.async_eval(text)
+    cache.text_id = text
+    function = mx.argmax(stt.function_head(h), axis=-1).reshape(-1).astype(mx.int32)
+    if fix_function is not None:
+        function = fix_function(function).astype(mx.int32)
+    ids = mx.concatenate([text, function])
     cache.prev_ids = ids
     return ids
 
@@ -261,9 +269,12 @@ def speech_stream() -> mx.Stream:
 _SPEECH_STREAMS = threading.local()
 
 
-def speak(model, cache: DuplexCache, text_id: int, position: int) -> mx.array:
+def speak(model, cache: DuplexCache, text_id, position: int) -> mx.array:
     """The TTS half of the frame at timeline ``position``: its code frame ``[1, Q]``, queued on
-    :func:`speech_stream` (call ``mx.async_eval`` / ``mx.eval`` on it)."""
+    :func:`speech_stream` (call ``mx.async_eval`` / ``mx.eval`` on it).
+
+    ``text_id`` is an int (its character embedding is memoized on the host) or a device
+    array ``[1]`` (embedded on the device: the frame needs no host read before its speech)."""
     speech = model.tts_model
     silence = speech.codec_silence_tokens
     if position == 0:

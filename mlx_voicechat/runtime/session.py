@@ -12,10 +12,11 @@ Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k 
 frame with the next one: ``frontend.RNNTStream``), and
 its audio lags the offline waveform by the codec's 6 samples (0.27 ms).
 
-Host reads: one per frame for the frame's decisions (the two ids the TTS and the client need,
-and the RNNT labels), which also carries the previous frame's audio when a ``feed`` completes
-several frames; the last frame of a ``feed`` has its audio read once more before ``feed``
-returns, so that every event holds its own speech.
+Host reads: one per frame. The TTS reads the frame's text id on the device, so a frame's LLM,
+speech and codec are queued as one graph and its read carries the two ids, the RNNT labels and
+its audio. When a ``feed`` completes several frames, each frame's read carries its ids and the
+previous frame's audio (so frame k + 1's LLM is queued while frame k's speech is computed), and
+the last frame's read also its own audio, so that every event holds its own speech.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class Session:
         """Schedule every array the next call will read: an array left lazy belongs to the
         streams of the thread that made it, and the next call may come from another thread."""
         c = self._cache
-        arrays = [c.prev_ids, c.previous_code, getattr(c.noise, "key", None), c.prefix, self._rows, self._encoded]
+        arrays = [c.prev_ids, c.text_id, c.previous_code, getattr(c.noise, "key", None), c.prefix]
+        arrays += [self._rows, self._encoded]
         arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
         arrays += self._frontend.arrays() + self._rnnt.arrays()
         arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
@@ -216,24 +218,22 @@ class Session:
             return self.config.pad_token_id, token, True
         return None, None, False
 
-    def _override(self, text, function) -> Optional[Callable[[mx.array], mx.array]]:
+    def _override(self, text, function) -> Optional[Callable]:
+        """``duplex.think``'s override for the next frame: text id -> (the text id fed back,
+        the map of the function id), so the speech waits only for the text head."""
         cfg = self.config
+        forced_text = None if text is None else mx.array([text], dtype=mx.int32)
+        forced_function = None if function is None else mx.array([function], dtype=mx.int32)
+
+        def fix_function(f):
+            return f if forced_function is None else forced_function
+
         if self._quiet and text is None:
-            bos, silence = cfg.bos_token_id, cfg.silence_token_id
-
-            def quiet(ids, function=function):
-                head = ids[0]
-                t = mx.where(head == bos, head, mx.array(silence, dtype=ids.dtype))
-                f = ids[1] if function is None else mx.array(function, dtype=ids.dtype)
-                return mx.stack([t, f])
-
-            return quiet
+            bos, silence = cfg.bos_token_id, mx.array([cfg.silence_token_id], dtype=mx.int32)
+            return lambda t: (mx.where(t == bos, t, silence), fix_function)
         if text is None and function is None:
             return None
-        fixed = mx.array(
-            [-1 if text is None else text, -1 if function is None else function], dtype=mx.int32
-        )
-        return lambda ids: mx.where(fixed >= 0, fixed, ids)
+        return lambda t: (t if forced_text is None else forced_text, fix_function)
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -351,6 +351,8 @@ class Session:
         events: List[FrameEvent] = []
         if rows is not None:
             projected, encoded = rows
+            # The encoder starts on the device while the host builds the frames' graphs.
+            mx.async_eval(projected, encoded)
             if self._rows is None:
                 self._rows, self._encoded = projected, encoded
             else:
@@ -360,34 +362,48 @@ class Session:
         speech = model.tts_model
         codec = speech.audio_codec
         Q = self.config.tts_config.num_quantizers
-        pending = None  # (event, codes, audio) of the frame whose output is not read yet
+        pending = None  # (event, output parts, samples) of a frame whose speech is not read yet
         while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
             row = self._rows[:, :1]
             self._rows = self._rows[:, 1:]
+            ends = self.frames + 1 >= self.max_frames  # the session's last frame
+            final = ends or self._rows.shape[1] == 0  # the last frame of this call
             # The RNNT sees a frame with the frame, so a word is never reported before its frame.
             self._rnnt.push(self._encoded[:, :1])
             self._encoded = self._encoded[:, 1:]
             text_force, function_force, injected = self._next_forced()
             forced = self._quiet or text_force is not None or function_force is not None
             override = self._override(text_force, function_force)
-            ids = duplex.think(model, self._cache, row, override, parallel_heads=True)
+            ids = duplex.think(model, self._cache, row, override)
+            mx.async_eval(ids)  # the LLM runs while the host builds the speech graph
             labels = self._rnnt.queue()
             n_labels = 0 if labels is None else labels.shape[0]
-            parts = [ids] + ([labels] if labels is not None else [])
-            if pending is not None:
-                parts += _output_parts(pending[1], pending[2])
-            read = _read(mx.concatenate(parts))  # the frame's one host read
-            text_id, function_id = int(read[0]), int(read[1])
-            if pending is not None:
-                events.append(_fill(pending[0], read[2 + n_labels :], Q))
-            tokens = self._rnnt.advance(read[2 : 2 + n_labels].tolist()) if n_labels else []
-            codes = duplex.speak(model, self._cache, text_id, self._cache.position)
+            # The TTS reads the text id on the device, so the frame's speech is queued before
+            # the host has seen its ids.
+            codes = duplex.speak(model, self._cache, self._cache.text_id, self._cache.position)
             self._cache.position += 1
             with mx.stream(duplex.speech_stream()):
                 codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
                 wave, self._codec_cache = codec.decode_step(codes[None], self._codec_cache)
                 audio = wave[0].astype(mx.float32)
+                if final and (last or ends):  # the end of the stream: the codec's tail too
+                    tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
+                    audio = mx.concatenate([audio, tail])
                 mx.async_eval(audio, codes)
+            output = _output_parts(codes, audio)
+            parts = [ids] + ([labels] if labels is not None else [])
+            if pending is not None:
+                parts += pending[1]
+            if final:
+                parts += output
+            read = _read(mx.concatenate(parts))  # the frame's one host read
+            text_id, function_id = int(read[0]), int(read[1])
+            at = 2 + n_labels
+            if pending is not None:
+                size = Q + pending[2]
+                events.append(_fill(pending[0], read[at : at + size], Q))
+                at += size
+            tokens = self._rnnt.advance(read[2 : 2 + n_labels].tolist()) if n_labels else []
             event = FrameEvent(self.frames, text_id, function_id, None, None, forced=forced)
             self._annotate(event, tokens)
             if self._calls is not None and not injected:
@@ -395,19 +411,17 @@ class Session:
                 for call in event.tool_calls:
                     self._results.expect(call.call_id)
             self.frames += 1
-            if self.frames >= self.max_frames:
+            if ends:
                 self._finished = event.end = "max_seconds"
-            pending = (event, codes, audio)
             self._last_ids = (text_id, function_id)
+            pending = None
+            if final:
+                events.append(_fill(event, read[at:], Q))
+                if last or event.end is not None:
+                    self._end_of_stream(event)
+            else:
+                pending = (event, output, audio.size)
         self._settle()
-        if pending is not None:
-            event, codes, audio = pending
-            if last or event.end is not None:
-                tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
-                audio = mx.concatenate([audio, tail])
-            events.append(_fill(event, _read(mx.concatenate(_output_parts(codes, audio))), Q))
-            if last or event.end is not None:
-                self._end_of_stream(event)
         return events
 
     def _drain_rnnt(self, event: FrameEvent) -> None:
