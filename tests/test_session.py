@@ -284,3 +284,35 @@ def test_end_of_input_that_makes_no_new_frame(tiny, extra):
     assert len(tail) == 1 and tail[0].remainder and tail[0].index == off.frames - 1
     assert tail[0].codes.shape == (0,) and tail[0].audio.shape == (6,)
     _same_as_offline(events + tail, off)
+
+
+
+def test_barge_in_across_frames_queued_before_a_read_equals_one_frame_per_feed(tiny, sync_count):
+    """A feed of several frames queues each one before reading the one before: a barge-in is
+    a device flag, so it ends (BOS fed back) at the same frame as when every frame is read
+    before the next is queued; one host read per frame either way."""
+    cfg = tiny.config
+    wave = _wave(1.6, seed=4)
+    marks = (5120, 10240, 15360)
+
+    def run(size):
+        s = tiny.session("Hi.", seed=1)
+        events, at = [], 0
+        sync_count[0] = 0
+        for end, action in zip(marks + (len(wave),), ("cancel", "bos", "cancel", None)):
+            for i in range(at, end, size):
+                events += s.feed(wave[i : min(i + size, end)])
+            at = end
+            if action == "cancel":
+                s.cancel()
+            elif action == "bos":
+                s.force(text_id=cfg.bos_token_id)  # ends the barge-in
+        assert sync_count[0] == len(events)
+        events += s.finish(0.2)
+        return [(e.index, e.text_id, e.function_id, e.forced, e.turn) for e in events]
+
+    one, many = run(1280), run(5120)
+    assert one == many
+    quiet = [e for e in one if 4 <= e[0] < 8]
+    assert quiet and all(e[3] and e[1] in (cfg.silence_token_id, cfg.bos_token_id) for e in quiet)
+    assert one[8][1] == cfg.bos_token_id and one[8][3]

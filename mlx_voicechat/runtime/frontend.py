@@ -218,10 +218,12 @@ class RNNTStream:
         self._enc = rows if self._enc is None else mx.concatenate([self._enc, rows], axis=0)
         self.available += rows.shape[0]
 
-    def queue(self) -> Optional[mx.array]:
-        """Queue the joint labels of the next window (if there are frames to look at)."""
-        if self.pending is None and self.t < self.available:
-            w = min(self.window, self.available - self.t)
+    def queue(self, upto: Optional[int] = None) -> Optional[mx.array]:
+        """Queue the joint labels of the next window (if there are frames to look at), over
+        frames before ``upto`` only (None: every frame pushed)."""
+        end = self.available if upto is None else min(upto, self.available)
+        if self.pending is None and self.t < end:
+            w = min(self.window, end - self.t)
             a = self.t - self._enc_start
             self.pending = mx.argmax(self.joint.logits(self._enc[a : a + w], self._pred), axis=-1)
             self.pending = self.pending.astype(mx.int32)

@@ -9,14 +9,14 @@ and transcript identical; audio equal after the codec's fixed 6-sample delay).
 
 Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see
 ``frontend``). Its RNNT tokens come out with the frame's host read (a second token of the same
-frame with the next one: ``frontend.RNNTStream``), and
-its audio lags the offline waveform by the codec's 6 samples (0.27 ms).
+frame with the next one: ``frontend.RNNTStream``), and its audio lags the offline waveform by
+the codec's 6 samples (0.27 ms).
 
 Host reads: one per frame. The TTS reads the frame's text id on the device, so a frame's LLM,
-speech and codec are queued as one graph and its read carries the two ids, the RNNT labels and
-its audio. When a ``feed`` completes several frames, each frame's read carries its ids and the
-previous frame's audio (so frame k + 1's LLM is queued while frame k's speech is computed), and
-the last frame's read also its own audio, so that every event holds its own speech.
+speech and codec are queued as one graph, and its read carries the two ids, the RNNT labels,
+its codes and its audio. When a ``feed`` completes several frames, each frame is queued before
+the previous one is read; a barge-in is therefore a device flag carried from frame to frame,
+so that frames queued before the host has read the one that ends it follow it exactly.
 """
 
 from __future__ import annotations
@@ -115,9 +115,14 @@ class Session:
         self._transcript = TranscriptStream(self.model.rnnt_vocabulary)
         self._rows: Optional[mx.array] = None  # projected rows not yet run, [1, n, H]
         self._encoded: Optional[mx.array] = None  # their encoder rows, for the RNNT, [1, n, D]
-        self.frames = 0
+        self.frames = 0  # frames handed out
+        self._queued = 0  # frames queued on the device
+        self._held = None  # the queued frame not read yet
         self.speaking = False
-        self._quiet = False
+        # Barge-in: a device flag carried from frame to frame (see _override), so that frames
+        # queued before the host has read the one that ends it follow it exactly.
+        self._quiet_flag: Optional[mx.array] = None
+        self._cancels = 0
         self._forced: List[tuple] = []  # queued (text_id or None, function_id or None)
         self._results = ToolResultQueue()
         self._calls = self._parser
@@ -134,7 +139,7 @@ class Session:
         streams of the thread that made it, and the next call may come from another thread."""
         c = self._cache
         arrays = [c.prev_ids, c.text_id, c.previous_code, getattr(c.noise, "key", None), c.prefix]
-        arrays += [self._rows, self._encoded]
+        arrays += [self._rows, self._encoded, self._quiet_flag]
         arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
         arrays += self._frontend.arrays() + self._rnnt.arrays()
         arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
@@ -148,7 +153,7 @@ class Session:
 
     def close(self) -> None:
         self._closed = True
-        self._rows = self._encoded = None
+        self._rows = self._encoded = self._held = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -185,7 +190,8 @@ class Session:
         """Barge-in: from the next frame the text channel is fed the silence id (so nothing is
         spoken) until the model starts a new turn (its text head gives BOS)."""
         self._check_open()
-        self._quiet = True
+        self._quiet_flag = mx.array([True])
+        self._cancels += 1
 
     def force(self, text_id: Optional[int] = None, function_id: Optional[int] = None) -> None:
         """Queue ids to feed back on the next frame instead of the heads' (None: the head's)."""
@@ -220,20 +226,27 @@ class Session:
 
     def _override(self, text, function) -> Optional[Callable]:
         """``duplex.think``'s override for the next frame: text id -> (the text id fed back,
-        the map of the function id), so the speech waits only for the text head."""
+        the map of the function id), so the speech waits only for the text head. During a
+        barge-in the head's text id becomes the silence id unless it is BOS, which ends it."""
         cfg = self.config
+        quiet = self._quiet_flag
+        if quiet is None and text is None and function is None:
+            return None
         forced_text = None if text is None else mx.array([text], dtype=mx.int32)
         forced_function = None if function is None else mx.array([function], dtype=mx.int32)
+        bos, silence = cfg.bos_token_id, mx.array([cfg.silence_token_id], dtype=mx.int32)
 
         def fix_function(f):
             return f if forced_function is None else forced_function
 
-        if self._quiet and text is None:
-            bos, silence = cfg.bos_token_id, mx.array([cfg.silence_token_id], dtype=mx.int32)
-            return lambda t: (mx.where(t == bos, t, silence), fix_function)
-        if text is None and function is None:
-            return None
-        return lambda t: (t if forced_text is None else forced_text, fix_function)
+        def run(t):
+            if forced_text is not None:
+                return forced_text, fix_function
+            if quiet is not None:
+                t = mx.where(quiet & (t != bos), silence, t)
+            return t, fix_function
+
+        return run
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -348,6 +361,9 @@ class Session:
     # -- the frame loop --------------------------------------------------------------------------
 
     def _run(self, rows, last: bool = False) -> List[FrameEvent]:
+        """Queue every frame ``rows`` completes and hand out their events: each frame's graph
+        (LLM, speech, codec) is queued before the previous frame is read (``last``: the end
+        of the stream, whose last frame carries the codec's tail)."""
         events: List[FrameEvent] = []
         if rows is not None:
             projected, encoded = rows
@@ -358,71 +374,94 @@ class Session:
             else:
                 self._rows = mx.concatenate([self._rows, projected], axis=1)
                 self._encoded = mx.concatenate([self._encoded, encoded], axis=1)
+        while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
+            frame = self._queue()
+            if self._held is not None:
+                events.append(self._hand_out(self._held, tail=False))
+            self._held = frame
+        held, self._held = self._held, None
+        if held is not None:
+            events.append(self._hand_out(held, tail=last or held["ends"]))
+        self._settle()
+        return events
+
+    def _queue(self) -> dict:
+        """Queue the next frame's LLM, speech and codec on the device; no host read."""
         model = self.model
         speech = model.tts_model
         codec = speech.audio_codec
+        row = self._rows[:, :1]
+        self._rows = self._rows[:, 1:]
+        # The RNNT sees a frame with the frame, so a word is never reported before its frame.
+        self._rnnt.push(self._encoded[:, :1])
+        self._encoded = self._encoded[:, 1:]
+        text_force, function_force, injected = self._next_forced()
+        quiet = self._quiet_flag
+        ids = duplex.think(model, self._cache, row, self._override(text_force, function_force))
+        if quiet is not None:  # the barge-in goes on until the text id fed back is BOS
+            self._quiet_flag = quiet & (self._cache.text_id != self.config.bos_token_id)
+        mx.async_eval(ids)  # the LLM and the function head run while the speech is built
+        # The TTS reads the text id on the device, so the frame's speech is queued before the
+        # host has seen its ids.
+        codes = duplex.speak(model, self._cache, self._cache.text_id, self._cache.position)
+        self._cache.position += 1
+        with mx.stream(duplex.speech_stream()):
+            codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
+            wave, self._codec_cache = codec.decode_step(codes[None], self._codec_cache)
+            audio = wave[0].astype(mx.float32)
+            mx.async_eval(audio, codes)
+        index = self._queued
+        self._queued += 1
+        ends = self._queued >= self.max_frames
+        if ends:
+            self._finished = "max_seconds"
+        host_forced = text_force is not None or function_force is not None
+        return {
+            "index": index, "ids": ids, "codes": codes, "audio": audio, "quiet": quiet,
+            "cancels": self._cancels, "forced": host_forced, "injected": injected, "ends": ends,
+        }
+
+    def _hand_out(self, frame: dict, tail: bool) -> FrameEvent:
+        """The frame's one host read (its ids, whether a barge-in held, the RNNT labels, its
+        codes and audio; with ``tail`` the codec's last samples) and its event."""
         Q = self.config.tts_config.num_quantizers
-        pending = None  # (event, output parts, samples) of a frame whose speech is not read yet
-        while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
-            row = self._rows[:, :1]
-            self._rows = self._rows[:, 1:]
-            ends = self.frames + 1 >= self.max_frames  # the session's last frame
-            final = ends or self._rows.shape[1] == 0  # the last frame of this call
-            # The RNNT sees a frame with the frame, so a word is never reported before its frame.
-            self._rnnt.push(self._encoded[:, :1])
-            self._encoded = self._encoded[:, 1:]
-            text_force, function_force, injected = self._next_forced()
-            forced = self._quiet or text_force is not None or function_force is not None
-            override = self._override(text_force, function_force)
-            ids = duplex.think(model, self._cache, row, override)
-            mx.async_eval(ids)  # the LLM runs while the host builds the speech graph
-            labels = self._rnnt.queue()
-            n_labels = 0 if labels is None else labels.shape[0]
-            # The TTS reads the text id on the device, so the frame's speech is queued before
-            # the host has seen its ids.
-            codes = duplex.speak(model, self._cache, self._cache.text_id, self._cache.position)
-            self._cache.position += 1
-            with mx.stream(duplex.speech_stream()):
-                codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
-                wave, self._codec_cache = codec.decode_step(codes[None], self._codec_cache)
-                audio = wave[0].astype(mx.float32)
-                if final and (last or ends):  # the end of the stream: the codec's tail too
-                    tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
-                    audio = mx.concatenate([audio, tail])
-                mx.async_eval(audio, codes)
-            output = _output_parts(codes, audio)
-            parts = [ids] + ([labels] if labels is not None else [])
-            if pending is not None:
-                parts += pending[1]
-            if final:
-                parts += output
-            read = _read(mx.concatenate(parts))  # the frame's one host read
-            text_id, function_id = int(read[0]), int(read[1])
-            at = 2 + n_labels
-            if pending is not None:
-                size = Q + pending[2]
-                events.append(_fill(pending[0], read[at : at + size], Q))
-                at += size
-            tokens = self._rnnt.advance(read[2 : 2 + n_labels].tolist()) if n_labels else []
-            event = FrameEvent(self.frames, text_id, function_id, None, None, forced=forced)
-            self._annotate(event, tokens)
-            if self._calls is not None and not injected:
-                event.tool_calls, event.errors = self._calls.feed(function_id)
-                for call in event.tool_calls:
-                    self._results.expect(call.call_id)
-            self.frames += 1
-            if ends:
-                self._finished = event.end = "max_seconds"
-            self._last_ids = (text_id, function_id)
-            pending = None
-            if final:
-                events.append(_fill(event, read[at:], Q))
-                if last or event.end is not None:
-                    self._end_of_stream(event)
-            else:
-                pending = (event, output, audio.size)
-        self._settle()
-        return events
+        k = frame["index"]
+        # The RNNT labels read with frame k cover frames up to k (a word is never reported
+        # before its frame): queued by the previous hand-out when frame k was queued by then.
+        labels = self._rnnt.pending
+        if labels is None:
+            labels = self._rnnt.queue(upto=k + 1)
+        n_labels = 0 if labels is None else labels.shape[0]
+        audio = frame["audio"]
+        if tail:  # no later frame has been queued: the codec's state is this frame's
+            codec = self.model.tts_model.audio_codec
+            audio = mx.concatenate([audio, codec.decode_flush(self._codec_cache)[0].astype(mx.float32)])
+        quiet = frame["quiet"]
+        parts = [frame["ids"], (mx.zeros(1, mx.int32) if quiet is None else quiet.astype(mx.int32))]
+        parts += ([labels] if labels is not None else []) + _output_parts(frame["codes"], audio)
+        read = _read(mx.concatenate(parts))  # the frame's one host read
+        text_id, function_id, quiet = int(read[0]), int(read[1]), bool(read[2])
+        tokens = self._rnnt.advance(read[3 : 3 + n_labels].tolist()) if n_labels else []
+        if self._queued > k + 1:  # the next frame is queued: its labels ride on its read
+            self._rnnt.queue(upto=k + 2)
+        event = FrameEvent(frame["index"], text_id, function_id, None, None)
+        event.forced = frame["forced"] or quiet
+        _fill(event, read[3 + n_labels :], Q)
+        ended = quiet and text_id == self.config.bos_token_id
+        if ended and frame["cancels"] == self._cancels:
+            self._quiet_flag = None  # over for every frame queued since
+        self._annotate(event, tokens, quiet and not ended)
+        if self._calls is not None and not frame["injected"]:
+            event.tool_calls, event.errors = self._calls.feed(function_id)
+            for call in event.tool_calls:
+                self._results.expect(call.call_id)
+        self.frames += 1
+        if frame["ends"]:
+            event.end = "max_seconds"
+        self._last_ids = (text_id, function_id)
+        if tail:
+            self._end_of_stream(event)
+        return event
 
     def _drain_rnnt(self, event: FrameEvent) -> None:
         """At the end of input: the RNNT tokens still to come go on the last event."""
@@ -435,17 +474,16 @@ class Session:
             self.transcript_tokens.append(token)
             event.transcript += self._transcript.add(token)
 
-    def _annotate(self, event: FrameEvent, tokens) -> None:
+    def _annotate(self, event: FrameEvent, tokens, quiet: bool) -> None:
+        """Deltas and turn marks; ``quiet``: a barge-in holds after this frame."""
         cfg = self.config
         self._add_tokens(event, tokens)
         t = event.text_id
         event.text = self._text.add(t)
         event.function_text = self._function.add(event.function_id)
-        if self._quiet and t == cfg.bos_token_id:
-            self._quiet = False
         if not self.speaking and t not in (cfg.pad_token_id, cfg.silence_token_id, cfg.eos_token_id):
             self.speaking, event.turn = True, "start"
-        elif self.speaking and (t == cfg.eos_token_id or (self._quiet and event.forced)):
+        elif self.speaking and (t == cfg.eos_token_id or quiet):
             self.speaking, event.turn = False, "end"
         event.speaking = self.speaking or event.turn == "end"
 
