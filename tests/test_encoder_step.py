@@ -8,22 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 import pytest
+import test_perception
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlx_voicechat.config import EncoderConfig
 from mlx_voicechat.nets import layout
 from mlx_voicechat.nets.perception import PRE_ENCODE_CONTEXT, FastConformer
 from mlx_voicechat.runtime.threads import note_mlx_thread
 
-TINY = EncoderConfig(
-    feat_in=16,
-    n_layers=3,
-    d_model=32,
-    n_heads=2,
-    subsampling_conv_channels=8,
-    conv_kernel_size=5,
-    att_context_size=(6, 0),
-)
+TINY = dataclasses.replace(test_perception.TINY, n_layers=3)
 FRAMES = 85
 
 
