@@ -117,7 +117,6 @@ class Session:
         self._encoded: Optional[mx.array] = None  # their encoder rows, for the RNNT, [1, n, D]
         self.frames = 0  # frames handed out
         self._queued = 0  # frames queued on the device
-        self._held = None  # the queued frame not read yet
         self.speaking = False
         # Barge-in: a device flag carried from frame to frame (see _override), so that frames
         # queued before the host has read the one that ends it follow it exactly.
@@ -153,7 +152,7 @@ class Session:
 
     def close(self) -> None:
         self._closed = True
-        self._rows = self._encoded = self._held = None
+        self._rows = self._encoded = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -374,12 +373,12 @@ class Session:
             else:
                 self._rows = mx.concatenate([self._rows, projected], axis=1)
                 self._encoded = mx.concatenate([self._encoded, encoded], axis=1)
+        held = None  # the frame queued last, not read yet
         while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
             frame = self._queue()
-            if self._held is not None:
-                events.append(self._hand_out(self._held, tail=False))
-            self._held = frame
-        held, self._held = self._held, None
+            if held is not None:
+                events.append(self._hand_out(held, tail=False))
+            held = frame
         if held is not None:
             events.append(self._hand_out(held, tail=last or held["ends"]))
         self._settle()
