@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any, Optional, Type
 
 
 def current_umask() -> int:
@@ -18,3 +20,16 @@ def current_umask() -> int:
     umask = os.umask(0o022)
     os.umask(umask)
     return umask
+
+
+def read_json(path, error: Type[Exception], name: Optional[str] = None) -> Any:
+    """The JSON value in ``path``; an unreadable file or bad JSON is one ``error`` naming the
+    file as ``name`` (default: the path) and saying which of the two it was."""
+    name = str(path) if name is None else name
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise error(f"cannot read {name}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise error(f"{name} is not valid JSON: {e}") from None

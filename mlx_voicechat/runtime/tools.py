@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
 
+from ..files import read_json
 from .toolcalls import (  # noqa: F401  (re-exported: tools.ToolCall etc. are the public names)
     CALL_CLOSE,
     CALL_OPEN,
@@ -260,13 +261,7 @@ def read_tools_file(path) -> List[Dict[str, Any]]:
     with a ``tools`` list, as a Realtime ``session.update`` carries them), validated."""
     if path is None:
         return []
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ToolError(f"cannot read the tools file {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ToolError(f"the tools file {path} is not valid JSON: {e}") from None
+    data = read_json(path, ToolError, f"the tools file {path}")
     if isinstance(data, dict) and "tools" in data:
         data = data["tools"]
     return normalize_tools(data)

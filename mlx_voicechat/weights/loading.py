@@ -24,6 +24,7 @@ import mlx.nn as nn
 
 from ..config import VoiceChatConfig
 from ..errors import CheckpointError
+from ..files import read_json
 from ..nets.layout import use_cpu_layout
 from .sanitize import sanitize_module
 
@@ -67,13 +68,7 @@ def read_config(folder: Path) -> Dict[str, Any]:
     path = folder / "config.json"
     if not path.exists():
         raise CheckpointError(f"{folder} has no config.json; is it a VoiceChat checkpoint folder?")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    raw = read_json(path, CheckpointError)
     if not isinstance(raw, dict):
         raise CheckpointError(
             f"{path} holds a JSON {type(raw).__name__}; a checkpoint config is a JSON object"
