@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning, stft
 
 from ..config import CodecConfig
+from .compiled import FrozenCompile
 
 MAX_MAGNITUDE = 100.0  # NeMo's soft ceiling on the decoder's linear STFT magnitude
 NORM_EPS = 1e-6  # ConvNeXt channel LayerNorm
@@ -206,10 +207,11 @@ class AudioCodec(nn.Module):
         self.prvq = PRVQ(cfg)
         self.decoder = CodecDecoder(cfg)
         self._window = hanning(cfg.n_fft, periodic=True).astype(mx.float32)
-        # The fast step's compiled function, its weights (with the parameters they came from)
-        # and its constant envelope, made on first use; kept off the module's parameter tree.
+        # The fast step's compiled function, its weights in the step's layouts (prepared again
+        # when a parameter is replaced) and its constant envelope; kept off the parameter tree.
         object.__setattr__(self, "_step_fn", None)
-        object.__setattr__(self, "_step_weights", ((), []))
+        step_weights = FrozenCompile(self._prepare_step_weights, lambda: [self.prvq, self.decoder])
+        object.__setattr__(self, "_step_weights", step_weights)
         object.__setattr__(self, "_step_envelope", None)
 
     # --- constants -------------------------------------------------------------------
@@ -355,48 +357,24 @@ class AudioCodec(nn.Module):
             and cache.ola_tail.shape[0] == 1
         )
 
-    def _step_sources(self) -> List[mx.array]:
-        """The parameters the fast step reads, in the order ``_prepare_step_weights`` uses them."""
-        out = list(self.prvq.mus_list)
+    def _prepare_step_weights(self) -> List[mx.array]:
+        """The weights the fast step reads, in its layouts and order: the stacked codebooks
+        [Q, K, latent]; per block the depthwise taps [kernel, C] and [in, out] pointwise
+        weights; per transposed conv [in, kernel * out]; the last k1 conv [in, out]. Made
+        again when a parameter has been replaced (loading, ``update``, a dtype change; see
+        :mod:`.compiled`), so the compiled step reads the current ones."""
+        out = [mx.stack(list(self.prvq.mus_list))]
         for layer in self.decoder.layers:
             if isinstance(layer, ConvNeXtBlock):
-                out += [layer.dwconv.weight, layer.dwconv.bias, layer.norm.weight, layer.norm.bias]
-                out += [layer.pwconv1.weight, layer.pwconv1.bias]
-                out += [layer.pwconv2.weight, layer.pwconv2.bias]
+                out += [layer.dwconv.weight[:, :, 0].T, layer.dwconv.bias]
+                out += [layer.norm.weight, layer.norm.bias]
+                out += [mx.contiguous(layer.pwconv1.weight[:, 0].T), layer.pwconv1.bias]
+                out += [mx.contiguous(layer.pwconv2.weight[:, 0].T), layer.pwconv2.bias]
             else:
-                out.append(layer.weight)
-        return out
-
-    def _prepare_step_weights(self, sources: Sequence[mx.array]) -> List[mx.array]:
-        """``_step_sources`` in the fast step's layouts: the stacked codebooks [Q, K, latent];
-        per block the depthwise taps [kernel, C] and [in, out] pointwise weights; per
-        transposed conv [in, kernel * out]; the last k1 conv [in, out]."""
-        q = self.config.num_quantizers
-        out = [mx.stack(list(sources[:q]))]
-        i = q
-        for layer in self.decoder.layers:
-            if isinstance(layer, ConvNeXtBlock):
-                dw, dw_b, norm_w, norm_b, w1, b1, w2, b2 = sources[i : i + 8]
-                out += [dw[:, :, 0].T, dw_b, norm_w, norm_b, mx.contiguous(w1[:, 0].T), b1]
-                out += [mx.contiguous(w2[:, 0].T), b2]
-                i += 8
-            else:
-                w = sources[i]  # Conv1d [out, 1, in] or ConvTranspose1d [out, kernel, in]
+                w = layer.weight  # Conv1d [out, 1, in] or ConvTranspose1d [out, kernel, in]
                 out.append(mx.contiguous(w.transpose(2, 1, 0).reshape(w.shape[2], -1)))
-                i += 1
         mx.eval(out)  # computed now, once, and readable from any thread
         return out
-
-    def _current_step_weights(self) -> List[mx.array]:
-        """The prepared weights, rebuilt whenever a parameter has been replaced since (loading,
-        ``update``, a dtype change); the compiled step then reads the new ones. Parameters are
-        told apart by identity, so one written in place (``w[...] = v``) is not noticed."""
-        sources = self._step_sources()
-        known, weights = self._step_weights
-        if len(known) != len(sources) or any(a is not b for a, b in zip(known, sources)):
-            weights = self._prepare_step_weights(sources)
-            object.__setattr__(self, "_step_weights", (tuple(sources), weights))
-        return weights
 
     def _steady_envelope(self) -> Tuple[mx.array, mx.array]:
         """The squared-window envelope of every one-frame step after the first: the part that
@@ -447,7 +425,7 @@ class AudioCodec(nn.Module):
         """``decode_step`` of one frame [1, 1, Q] on a cache that has seen a frame."""
         envelope, envelope_tail = self._steady_envelope()
         wave, cache.ola_tail, *tails = self._compiled_step()(
-            codes, cache.ola_tail, envelope, *cache.conv_tails, *self._current_step_weights()
+            codes, cache.ola_tail, envelope, *cache.conv_tails, *self._step_weights.get()
         )
         cache.conv_tails = tails
         cache.envelope_tail = envelope_tail

@@ -78,6 +78,7 @@ class Backbone(nn.Module):
         args = _gemma_args(cfg)
         self.layers = [BackboneBlock(args, i) for i in range(cfg.num_hidden_layers)]
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        object.__setattr__(self, "_segments", FrozenCompile(self._build_segments, lambda: [self]))
 
     def make_cache(self) -> list:
         cfg = self.cfg
@@ -118,7 +119,7 @@ class Backbone(nn.Module):
         offset, given as an array so one trace serves every position). The cache updates and
         the attention over a cache that grows every frame stay outside. A single position
         needs no mask (mlx-lm's, and a sliding cache holds only the window)."""
-        segments = self._segments()
+        segments = self._segments.get()  # the compiled pieces for the current weights
         offsets = {}
 
         def offset(c):
@@ -137,14 +138,6 @@ class Backbone(nn.Module):
             else:
                 h = segments[n](h, o)
         return h
-
-    def _segments(self) -> List[Callable]:
-        """The compiled pieces of :meth:`step` for the current weights."""
-        frozen = self.__dict__.get("_frozen")
-        if frozen is None:
-            frozen = FrozenCompile(self._build_segments, lambda: [self])
-            object.__setattr__(self, "_frozen", frozen)
-        return frozen.get()
 
     def _build_segments(self) -> List[Callable]:
         layers = self.layers
@@ -346,7 +339,7 @@ class EarTTS(nn.Module):
         self._table = self._sq_norms = None
         object.__setattr__(self, "_books_src", None)  # the RVQ table self._books is from
         object.__setattr__(self, "_books", None)
-        object.__setattr__(self, "_compiled", None)  # the compiled _sample (FrozenCompile)
+        object.__setattr__(self, "_compiled", FrozenCompile(self._build_sampler, lambda: [self]))
 
     def make_cache(self) -> list:
         return self.backbone.make_cache()
@@ -541,18 +534,13 @@ class EarTTS(nn.Module):
         is built again when they or the sampling settings change (see :mod:`.compiled`)."""
         cfg = self.cfg
         settings = (tuple(cfg.mask_schedule()), cfg.guidance_scale, cfg.top_p, cfg.noise_scale)
+        return self._compiled.get(settings)
 
-        def build():
-            def run(h, books, draws):
-                return self._sample(h, books, _DrawnNoise(draws))
+    def _build_sampler(self) -> Callable:
+        def run(h, books, draws):
+            return self._sample(h, books, _DrawnNoise(draws))
 
-            return mx.compile(run)
-
-        frozen = self._compiled
-        if frozen is None:
-            frozen = FrozenCompile(build, lambda: [self])
-            object.__setattr__(self, "_compiled", frozen)
-        return frozen.get(settings)
+        return mx.compile(run)
 
     def step(
         self,
