@@ -12,6 +12,18 @@ def tiny(tiny_checkpoints):
 
 
 @pytest.fixture(scope="module")
+def question(tmp_path_factory):
+    """0.75 s of quiet noise at 16 kHz as a WAV file (a stand-in for a spoken question)."""
+    import numpy as np
+    import soundfile as sf
+
+    path = tmp_path_factory.mktemp("q") / "question.wav"
+    rng = np.random.default_rng(0)
+    sf.write(path, (0.1 * rng.standard_normal(12000)).astype(np.float32), 16000)
+    return path
+
+
+@pytest.fixture(scope="module")
 def nvidia():
     """Oracle 04's weights in NVIDIA's raw layout, loaded once per test module."""
     from oracle_utils import ORACLE

@@ -17,14 +17,6 @@ ROOT = Path(__file__).parent.parent
 SPF = 1764
 
 
-@pytest.fixture(scope="module")
-def question(tmp_path_factory):
-    path = tmp_path_factory.mktemp("q") / "question.wav"
-    rng = np.random.default_rng(0)
-    sf.write(path, (0.1 * rng.standard_normal(12000)).astype(np.float32), 16000)
-    return path
-
-
 def _check_wav(path, frames=None):
     info = sf.info(str(path))
     assert info.samplerate == 22050 and info.channels == 1 and info.subtype == "PCM_16"

@@ -46,14 +46,6 @@ def tiny(ckpt):
     return load(ckpt)
 
 
-@pytest.fixture(scope="module")
-def question(tmp_path_factory):
-    path = tmp_path_factory.mktemp("q") / "question.wav"
-    rng = np.random.default_rng(0)
-    sf.write(path, (0.1 * rng.standard_normal(12000)).astype(np.float32), 16000)
-    return path
-
-
 @pytest.fixture
 def copy_of(tmp_path):
     def copy(src, name="m"):

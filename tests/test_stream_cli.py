@@ -54,9 +54,9 @@ def offline(tiny, wave):
     return tiny.generate(wave, system_prompt="Be brief.", extra_decoding_seconds=float(EXTRA))
 
 
-def _stream_argv(ckpt, question, *extra):
+def _argv(verb, ckpt, question, *extra):
     return [
-        "stream",
+        verb,
         "--model",
         str(ckpt),
         "--audio",
@@ -67,6 +67,10 @@ def _stream_argv(ckpt, question, *extra):
         EXTRA,
         *extra,
     ]
+
+
+def _stream_argv(ckpt, question, *extra):
+    return _argv("stream", ckpt, question, *extra)
 
 
 def _one_error_line(err, *words):
@@ -97,25 +101,7 @@ def test_stream_prints_words_latency_rtf_and_writes_generates_wav(
     assert re.search(r"^RTF [\d.]+ \([\d.]+ s of compute for 0\.80 s of audio\)$", printed, re.M)
     assert "1280 k + 199 samples are in, 1081 samples (67.6 ms)" in printed
     # The streamed reply is generate's, sample for sample.
-    assert (
-        main(
-            [
-                "generate",
-                "--model",
-                str(ckpt),
-                "--audio",
-                str(question),
-                "-p",
-                "Be brief.",
-                "--extra-decoding-seconds",
-                EXTRA,
-                "--output-audio",
-                str(ref),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert main(_argv("generate", ckpt, question, "--output-audio", str(ref), "--quiet")) == 0
     a, rate = sf.read(out, dtype="int16")
     b, _ = sf.read(ref, dtype="int16")
     assert rate == 22050 and len(a) == offline.frames * SPF and np.array_equal(a, b)
