@@ -8,6 +8,7 @@ import pytest
 
 from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
+from mlx_voicechat.nets import heads
 from mlx_voicechat.noise import ReplayNoise
 from mlx_voicechat.runtime import duplex
 from mlx_voicechat.runtime.session import SessionError
@@ -105,6 +106,21 @@ def test_tiny_prompt_seed_and_trailing_silence_equal_offline(tiny, tiny_offline)
     _same_as_offline(_run(s, wave, _chunks(len(wave), 1280), extra=0.5), tiny_offline)
 
 
+def test_split_text_head_gives_the_same_frames(tiny, tiny_offline, monkeypatch):
+    """The session's text head split across two streams (as on the CPU for a 131072-row head)
+    changes nothing: the session still equals offline, whose head is one call."""
+    monkeypatch.setattr(heads, "SPLIT_MIN_ROWS", 1)
+    splits = []
+    real = heads.greedy_id
+    monkeypatch.setattr(
+        duplex, "greedy_id", lambda lin, h, split=None: splits.append(split) or real(lin, h, split)
+    )
+    wave = _wave(1.3)
+    s = tiny.session("Be brief.", seed=3)
+    _same_as_offline(_run(s, wave, _chunks(len(wave), 1280), extra=0.5), tiny_offline)
+    assert any(sp is not None for sp in splits)
+
+
 def test_second_session_starts_from_the_first_ones_state(tiny, tiny_offline, monkeypatch):
     calls = []
     real = duplex.start_session
@@ -153,6 +169,18 @@ def test_one_host_read_per_frame(tiny, sync_count):
     assert one[0].audio.shape == (1764,)
     count[0] = 0
     assert s.feed(wave[1280 * 13 : 1280 * 13 + 100]) == [] and count[0] == 0
+
+
+def test_a_fresh_model_reads_once_per_frame_from_its_first_frame(tiny_checkpoints, sync_count):
+    """Nothing the first frames prepare (compiled steps, the codec's step weights) makes a
+    host sync of its own once the session is open."""
+    model = load(tiny_checkpoints["mlx-community"])
+    wave = _wave(0.6)
+    s = model.session("Hi there.", seed=0)
+    sync_count[0] = 0
+    for k in range(6):
+        assert len(s.feed(wave[1280 * k : 1280 * (k + 1)])) == 1
+        assert sync_count[0] == k + 1
 
 
 def test_bad_input_is_one_clear_error_and_the_session_goes_on(tiny):

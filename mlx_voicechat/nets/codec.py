@@ -357,6 +357,13 @@ class AudioCodec(nn.Module):
             and cache.ola_tail.shape[0] == 1
         )
 
+    def prepare_fast_step(self) -> None:
+        """Make the fast step's weights and envelope now (a stream's first frame would, with
+        a host sync of its own): a session calls this when it opens."""
+        if self.use_fast_step:
+            self._step_weights.get()
+            self._steady_envelope()
+
     def _prepare_step_weights(self) -> List[mx.array]:
         """The weights the fast step reads, in its layouts and order: the stacked codebooks
         [Q, K, latent]; per block the depthwise taps [kernel, C] and [in, out] pointwise

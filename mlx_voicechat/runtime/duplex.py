@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ..errors import VoiceChatError
+from ..nets.heads import greedy_id, should_split
 from ..nets.layout import use_cpu_layout
 from ..noise import KeyNoise, NoiseSource
 from .threads import note_mlx_thread
@@ -207,6 +208,7 @@ def think(
     cache: DuplexCache,
     audio_frame: mx.array,
     override: Optional[Callable[[mx.array], Tuple[mx.array, Callable]]] = None,
+    split_head: bool = False,
 ) -> mx.array:
     """The LLM half of a frame: the greedy ``[text, function]`` ids ``[2]``, left on the device.
 
@@ -218,7 +220,11 @@ def think(
 
     The text head runs before the function head on the same stream, and the frame's text id
     alone is kept in ``cache.text_id``: speech queued on it (:func:`speak` on another stream)
-    starts once the text head is done, beside the function head."""
+    starts once the text head is done, beside the function head.
+
+    ``split_head``: on the CPU, run half of a big text head on :func:`head_stream` (the same
+    id, ``nets.heads``). A live frame has nothing else to run beside its text head; offline,
+    the other core is busy with the previous frame's speech, so it gains nothing there."""
     cfg = model.config
     stt = model.stt_model
     w = cfg.function_channel_weight
@@ -231,7 +237,8 @@ def think(
         row = mx.concatenate([cache.prefix.astype(row.dtype), row], axis=1)
         cache.prefix = None
     h = stt.llm(row, cache.llm)[:, -1:]
-    text = mx.argmax(stt.lm_head(h), axis=-1).reshape(-1).astype(mx.int32)
+    split = head_stream() if split_head and should_split(stt.lm_head) else None
+    text = greedy_id(stt.lm_head, h, split)
     fix_function = None
     if override is not None:
         text, fix_function = override(text)
@@ -241,7 +248,7 @@ def think(
     # head (and that head runs beside the speech).
     mx.async_eval(text)
     cache.text_id = text
-    function = mx.argmax(stt.function_head(h), axis=-1).reshape(-1).astype(mx.int32)
+    function = greedy_id(stt.function_head, h)
     if fix_function is not None:
         function = fix_function(function).astype(mx.int32)
     ids = mx.concatenate([text, function])
@@ -249,16 +256,14 @@ def think(
     return ids
 
 
-def speech_stream() -> mx.Stream:
-    """The stream the TTS half of every frame runs on: a second stream on the default device,
-    one per thread and device, so that a frame's speech runs beside the next frame's LLM (on
-    the CPU, a second core). MLX streams belong to the thread that made them, so each thread
-    that generates gets its own."""
+def _thread_stream(registry: threading.local) -> mx.Stream:
+    """The calling thread's stream of ``registry`` on the default device, made on first use:
+    MLX streams belong to the thread that made them."""
     device = mx.default_device()
     key = str(device)
-    streams = getattr(_SPEECH_STREAMS, "by_device", None)
+    streams = getattr(registry, "by_device", None)
     if streams is None:
-        streams = _SPEECH_STREAMS.by_device = {}
+        streams = registry.by_device = {}
     stream = streams.get(key)
     if stream is None:
         note_mlx_thread()
@@ -267,6 +272,21 @@ def speech_stream() -> mx.Stream:
 
 
 _SPEECH_STREAMS = threading.local()
+_HEAD_STREAMS = threading.local()
+
+
+def speech_stream() -> mx.Stream:
+    """The stream the TTS half of every frame runs on: a second stream on the default device,
+    one per thread and device, so that a frame's speech runs beside the next frame's LLM (on
+    the CPU, a second core). MLX streams belong to the thread that made them, so each thread
+    that generates gets its own."""
+    return _thread_stream(_SPEECH_STREAMS)
+
+
+def head_stream() -> mx.Stream:
+    """The stream the second half of a split text head runs on (``nets.heads``): a third
+    stream, one per thread and device, so the half does not queue behind the speech."""
+    return _thread_stream(_HEAD_STREAMS)
 
 
 def speak(model, cache: DuplexCache, text_id, position: int) -> mx.array:

@@ -109,7 +109,9 @@ class Session:
         self._cache = open_state(self.model, self.prompt_ids, self.seed, self._noise)
         self._frontend.reset()
         self._rnnt.reset()
-        self._codec_cache = self.model.tts_model.audio_codec.make_decode_cache()
+        codec = self.model.tts_model.audio_codec
+        codec.prepare_fast_step()  # so that no frame makes its own host sync for it
+        self._codec_cache = codec.make_decode_cache()
         self._text = TextStream(self.model, cfg)
         self._function = TextStream(self.model, cfg)
         self._transcript = TranscriptStream(self.model.rnnt_vocabulary)
@@ -396,7 +398,9 @@ class Session:
         self._encoded = self._encoded[:, 1:]
         text_force, function_force, injected = self._next_forced()
         quiet = self._quiet_flag
-        ids = duplex.think(model, self._cache, row, self._override(text_force, function_force))
+        ids = duplex.think(
+            model, self._cache, row, self._override(text_force, function_force), split_head=True
+        )
         if quiet is not None:  # the barge-in goes on until the text id fed back is BOS
             self._quiet_flag = quiet & (self._cache.text_id != self.config.bos_token_id)
         mx.async_eval(ids)  # the LLM and the function head run while the speech is built
