@@ -6,6 +6,8 @@ Writes the random-weight checkpoint once with the factory (cached in ``--dir``, 
 ``bench_peers.py``), then runs, each configuration in its own subprocess and alternating:
 
 - ``session``: ``model.session(PROMPT)`` fed the input in 1280-sample (80 ms) chunks;
+- ``overlap``: the same with ``overlap=True`` (each frame's speech on a thread of its own,
+  beside the next frame's listening; a frame comes out one ``feed`` later);
 - ``offline``: ``model.generate`` on the same input (``bench_peers``' own worker);
 - ``mlx-vlm``: mlx-vlm's ``create_streaming_session(...).push_audio(...)`` in the same chunks,
   through ``bench_peers``' checkpoint shims (``_peer_view``); each push's audio is evaluated
@@ -41,7 +43,7 @@ from bench_peers import PROMPT, ROOT, SyncCounter, _load_audio, _machine, _peer_
 
 CHUNK = 1280  # 80 ms at 16 kHz
 WARM_FRAMES = 25  # memory growth is measured from here (allocator and caches settled)
-CONFIGS = ("session", "offline", "mlx-vlm")
+CONFIGS = ("session", "overlap", "offline", "mlx-vlm")
 
 
 def _rss() -> int:
@@ -78,7 +80,7 @@ def worker_session(args) -> dict:
     opens = []
     for _ in range(2):
         t = time.perf_counter()
-        session = model.session(PROMPT, seed=0)
+        session = model.session(PROMPT, seed=0, overlap=args.worker == "overlap")
         mx.synchronize()
         opens.append(1000 * (time.perf_counter() - t))
     counter = SyncCounter()
@@ -202,7 +204,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if args.worker:
-        fn = {"session": worker_session, "mlx-vlm": worker_mlx_vlm}[args.worker]
+        fn = {"session": worker_session, "overlap": worker_session, "mlx-vlm": worker_mlx_vlm}
+        fn = fn[args.worker]
         print(json.dumps(fn(args)))
         return
 
@@ -284,6 +287,12 @@ def main(argv=None):
 
     print(f"- streaming / offline per frame: {_verdict(ratio(ours, off), 1.15)}")
     print(f"- streaming / mlx-vlm streaming per frame: {_verdict(ratio(ours, vlm), 0.35)}")
+    lap = med("overlap", "frame_ms")
+    if lap:
+        print(
+            f"- overlap (one frame more latency) per frame: / session {_f(ratio(lap, ours), 3)}, "
+            f"/ offline {_f(ratio(lap, off), 3)}, / mlx-vlm streaming {_f(ratio(lap, vlm), 3)}"
+        )
     print(f"- second open / first open: {_verdict(ratio(second, first), 0.1)}")
     print(
         f"- all-in per frame, streaming / offline: "

@@ -18,7 +18,6 @@ from mlx.utils import tree_flatten
 from .config import VoiceChatConfig
 from .errors import CheckpointError
 from .nets.codec import AudioCodec
-from .nets.heads import split_head
 from .nets.llm import FusedNemotronH
 from .nets.perception import Perception
 from .nets.rnnt import RNNTDecoder, RNNTJoint
@@ -40,7 +39,7 @@ class STTModel(nn.Module):
         self.perception = Perception(audio)
         self.llm = FusedNemotronH(args)
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.lm_head = split_head(nn.Linear(args.hidden_size, args.vocab_size, bias=False))
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.function_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.rnnt_decoder = RNNTDecoder(audio.decoder)
         self.rnnt_joint = RNNTJoint(audio.joint)

@@ -161,6 +161,7 @@ class Model(VoiceChatModel):
         prompt=None,
         max_seconds: Optional[float] = None,
         tools=None,
+        overlap: bool = False,
     ):
         """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
         from .runtime.session import Session
@@ -173,6 +174,7 @@ class Model(VoiceChatModel):
             prompt=prompt,
             max_seconds=max_seconds,
             tools=tools,
+            overlap=overlap,
         )
 
 

@@ -17,6 +17,12 @@ def _head(rows, hidden, quantize=None, bias=False, seed=0):
     return head
 
 
+def _half_head():
+    head = _head(400, 32)
+    head.weight = head.weight.astype(mx.bfloat16)
+    return head
+
+
 def _inputs(hidden, n=16, seed=1):
     return mx.random.normal((n, 1, 1, hidden), key=mx.random.key(seed))
 
@@ -43,7 +49,7 @@ def test_split_with_bias_and_column_major_weight():
     head = _head(900, 32, bias=True)
     holder = nn.Module()
     holder.head = head
-    use_cpu_layout(holder)  # not marked split_head: column-major data, the halves are copies
+    use_cpu_layout(holder)  # column-major data: a row slice is strided
     split = mx.new_stream(mx.default_device())
     for h in _inputs(32):
         assert mx.array_equal(heads.greedy_id(head, h, split), mx.argmax(head(h), -1).reshape(-1))
@@ -62,13 +68,15 @@ def test_ties_keep_the_first_row():
     assert heads.greedy_id(head, h, mx.new_stream(mx.default_device())).item() == 7
 
 
-def test_the_text_head_is_marked_and_split_only_when_big(tiny, monkeypatch):
-    stt = tiny.stt_model
-    # the CPU layout leaves the text head row-major (its halves are views), not the other head
-    assert getattr(stt.lm_head, "_keep_row_major", False)
-    assert not getattr(stt.function_head, "_keep_row_major", False)
-    assert not heads.should_split(stt.lm_head)  # 400 rows
+def test_only_big_heads_whose_halves_are_views_are_split(tiny_checkpoints, monkeypatch):
+    from mlx_voicechat import load
+
+    q4 = load(tiny_checkpoints["mlx-community-4bit"]).stt_model.lm_head
+    assert isinstance(q4, nn.QuantizedLinear)
+    assert not heads.should_split(q4)  # 400 rows
     monkeypatch.setattr(heads, "SPLIT_MIN_ROWS", 400)
-    assert heads.should_split(stt.lm_head)
+    assert heads.should_split(q4)
+    assert heads.should_split(_half_head())
+    assert not heads.should_split(_head(400, 32))  # float32: column-major on the CPU
     assert duplex.head_stream() is duplex.head_stream()
     assert duplex.head_stream() != duplex.speech_stream()

@@ -7,8 +7,11 @@ second half on ``split`` (the other core), then takes the argmax of the two join
 logit is the same dot product in the same order either way, so the id is bit-identical
 (tested), ties included: the argmax still sees every logit in row order.
 
-The halves are row slices of the weight, views without a copy, so a split head keeps its
-weight row-major (:func:`split_head`); quantized heads slice their scales and biases alike.
+The halves are row slices of the parameters (a quantized head's scales and biases sliced
+alike): views, no copy, where the weight is row-major, as half-precision and quantized heads
+are. A float32 head on the CPU is stored column-major (``nets.layout``), where a row slice is
+strided and would be copied at every call; :func:`should_split` leaves such a head whole (a
+second, row-split copy of its bytes measured 3-5 ms of a medium frame: not worth 128 MiB).
 """
 
 from __future__ import annotations
@@ -18,20 +21,14 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .layout import keep_row_major, on_cpu
+from .layout import on_cpu
 
 #: Heads with fewer rows are not split: one call costs less than the second stream's hand-off.
 SPLIT_MIN_ROWS = 16384
 
 
-def split_head(linear: nn.Linear) -> nn.Linear:
-    """Mark ``linear`` as a head :func:`greedy_id` may split: its weight stays row-major, so
-    its row halves are views."""
-    return keep_row_major(linear)
-
-
 def _rows(linear: nn.Module, x: mx.array, lo: int, hi: int) -> mx.array:
-    """``linear(x)`` for output rows ``lo:hi`` only."""
+    """``linear(x)`` for output rows ``lo:hi`` only, on row slices of the parameters."""
     if isinstance(linear, nn.QuantizedLinear):
         biases = linear.get("biases")
         out = mx.quantized_matmul(
@@ -56,8 +53,11 @@ def rows(linear: nn.Module) -> int:
 
 
 def should_split(linear: nn.Module) -> bool:
-    """Whether :func:`greedy_id` gains from splitting ``linear`` here: on the CPU, big heads."""
-    return on_cpu() and rows(linear) >= SPLIT_MIN_ROWS
+    """Whether :func:`greedy_id` gains from splitting ``linear`` here: on the CPU, big heads
+    whose row halves are views (quantized or half precision; see the module docstring)."""
+    if not on_cpu() or rows(linear) < SPLIT_MIN_ROWS:
+        return False
+    return isinstance(linear, nn.QuantizedLinear) or linear.weight.dtype != mx.float32
 
 
 def greedy_id(linear: nn.Module, h: mx.array, split: Optional[mx.Stream] = None) -> mx.array:

@@ -13,9 +13,8 @@ The BLAS sums each output in the same order either way, so outputs are bit-ident
 
 Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
 layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and
-``Linear`` layers marked with :func:`keep_row_major`: those whose weight is read directly
-rather than multiplied, and the text head, whose row halves a live frame multiplies on two
-streams (``nets.heads``: a row slice of row-major data is a view, of column-major data a copy).
+``Linear`` layers whose weight is read directly rather than multiplied (marked with
+:func:`keep_row_major`).
 """
 
 from __future__ import annotations

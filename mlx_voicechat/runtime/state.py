@@ -33,13 +33,20 @@ def _copy_cache(caches: List[Any]) -> List[Any]:
 
 
 def _cache_arrays(cache) -> List[Any]:
+    """Every array of an mlx-lm cache's ``state``, nested ones included (``ArraysCache``, the
+    Mamba layers' cache, keeps its conv and SSM states in a list)."""
     try:
         state = cache.state
     except Exception:  # an empty cache has no state yet
         return []
-    if isinstance(state, mx.array):
-        return [state]
-    return [a for a in state if isinstance(a, mx.array)]
+    out, todo = [], [state]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, mx.array):
+            out.append(item)
+        elif isinstance(item, (list, tuple)):
+            todo.extend(reversed(item))
+    return out
 
 
 def _weights(model) -> tuple:
