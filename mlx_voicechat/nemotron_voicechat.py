@@ -161,7 +161,6 @@ class Model(VoiceChatModel):
         prompt=None,
         max_seconds: Optional[float] = None,
         tools=None,
-        overlap: bool = False,
     ):
         """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
         from .runtime.session import Session
@@ -174,7 +173,6 @@ class Model(VoiceChatModel):
             prompt=prompt,
             max_seconds=max_seconds,
             tools=tools,
-            overlap=overlap,
         )
 
 

@@ -353,97 +353,11 @@ def test_barge_in_across_frames_queued_before_a_read_equals_one_frame_per_feed(t
     assert one[8][1] == cfg.bos_token_id and one[8][3]
 
 
-# --- overlap: each frame's speech on a thread of its own, the frame out one call later --------
-
-
-def _event_key(e):
-    return (e.index, e.text_id, e.function_id, e.codes.tolist(), e.audio.tobytes(), e.text,
-            e.function_text, e.transcript, e.turn, e.forced, e.end, e.remainder)
-
-
-@pytest.mark.parametrize("size", [1, 1280, 4000])
-def test_overlap_equals_offline(tiny, tiny_offline, size):
-    wave = _wave(1.3)
-    s = tiny.session("Be brief.", seed=3, overlap=True)
-    try:
-        _same_as_offline(_run(s, wave, _chunks(len(wave), size), extra=0.5), tiny_offline)
-        s.reset()  # with nothing held, and again from the post-prompt state
-        _same_as_offline(_run(s, wave, _random_chunks(len(wave), 7), extra=0.5), tiny_offline)
-        s.reset()
-        s.feed(wave[:4000])  # a frame held on the speech thread, then dropped
-        s.reset()
-        _same_as_offline(_run(s, wave, _chunks(len(wave), 1280), extra=0.5), tiny_offline)
-    finally:
-        s.close()
-
-
-def test_overlap_hands_frame_k_out_with_frame_k_plus_1(tiny):
-    wave = _wave(0.5)  # frames 0-6 can be computed
-    s = tiny.session("", seed=0, overlap=True)
-    seen = {}
-    for i in range(0, len(wave), 32):
-        for e in s.feed(wave[i : i + 32]):
-            seen[e.index] = i + 32
-    assert sorted(seen) == list(range(6))  # frame 6 is held: its speech is running
-    for k, n in seen.items():
-        need = 1280 * (k + 1) + 199  # out with the feed that lets frame k + 1 be computed
-        assert need <= n < need + 32, (k, n)
-    last = s.finish(0.0)
-    assert [e.index for e in last if not e.remainder][0] == 6
-    s.close()
-    with pytest.raises(SessionError, match="closed"):
-        s.feed(wave[:10])
-
-
-def test_overlap_reads_once_per_frame_on_each_thread(tiny, monkeypatch):
-    from mlx_voicechat.runtime import session as session_module
-
-    reads = []
-    real = session_module._read
-    monkeypatch.setattr(
-        session_module, "_read", lambda w: reads.append(threading.current_thread().name) or real(w)
-    )
-    wave = _wave(1.5)
-    s = tiny.session("Hi there.", seed=0, overlap=True)
-    s.feed(wave[:2560])
-    reads.clear()
-    out = 0
-    for k in range(2, 12):
-        out += len(s.feed(wave[1280 * k : 1280 * (k + 1)]))
-    main = [r for r in reads if r == threading.current_thread().name]
-    speech = [r for r in reads if r.startswith("mlx-voicechat-speech")]
-    assert out == 10 and len(main) == 10  # the frame's ids, flags and RNNT labels
-    assert 10 <= len(speech) <= 11  # its codes and audio (the frame just queued may be done)
-    assert len(main) + len(speech) == len(reads)
-    s.close()
-
-
-def test_overlap_follows_a_barge_in_and_forced_ids_like_the_default(tiny):
-    cfg = tiny.config
-    wave = _wave(1.6, seed=4)
-    runs = []
-    for overlap in (False, True):
-        s = tiny.session("", seed=0, overlap=overlap)
-        events = []
-        for k in range(len(wave) // 1280):
-            events += s.feed(wave[1280 * k : 1280 * (k + 1)])
-            if k == 4:
-                s.cancel()
-            if k == 9:
-                s.force(text_id=cfg.pad_token_id, function_id=5)
-        events += s.finish(0.3)
-        s.close()
-        runs.append([_event_key(e) for e in events])
-    assert runs[0] == runs[1]
-    assert any(key[9] for key in runs[0])  # some frames were forced
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_fed_from_two_threads_in_turn(tiny, tiny_offline, overlap):
+def test_fed_from_two_threads_in_turn(tiny, tiny_offline):
     """Every array a call leaves for the next is scheduled, the Mamba layers' states too (an
     array left lazy belongs to the streams of the thread that made it)."""
     wave = _wave(1.3)
-    s = tiny.session("Be brief.", seed=3, overlap=overlap)
+    s = tiny.session("Be brief.", seed=3)
     events = []
     chunks = _chunks(len(wave), 1280)
     for i, n in enumerate(chunks):
@@ -457,14 +371,3 @@ def test_fed_from_two_threads_in_turn(tiny, tiny_offline, overlap):
     events += s.finish(0.5)
     s.close()
     _same_as_offline(events, tiny_offline)
-
-
-def test_overlap_max_seconds_and_bad_argument(tiny):
-    with pytest.raises(SessionError, match="overlap must be True or False"):
-        tiny.session("", overlap=1)
-    s = tiny.session("", seed=0, overlap=True, max_seconds=0.4)  # 5 frames
-    events = s.feed(_wave(1.0))
-    assert [e.index for e in events] == list(range(5)) and events[-1].end == "max_seconds"
-    with pytest.raises(SessionError, match="ended"):
-        s.feed(_wave(0.1))
-    s.close()

@@ -107,24 +107,6 @@ def test_stream_prints_words_latency_rtf_and_writes_generates_wav(
     assert rate == 22050 and len(a) == offline.frames * SPF and np.array_equal(a, b)
 
 
-def test_overlap_on_stream_and_chat_gives_generates_reply(
-    ckpt, question, tiny, wave, offline, tmp_path, capsys
-):
-    out, ref = tmp_path / "overlap.wav", tmp_path / "generate.wav"
-    assert main(_stream_argv(ckpt, question, "--overlap", "--output-audio", str(out))) == 0
-    assert "[assistant] " in capsys.readouterr().out
-    assert main(_argv("generate", ckpt, question, "--output-audio", str(ref), "--quiet")) == 0
-    a, _ = sf.read(out, dtype="int16")
-    b, _ = sf.read(ref, dtype="int16")
-    assert np.array_equal(a, b)
-    session = tiny.session("Be brief.", overlap=True)
-    sink = ArraySink(22050)
-    frames = chat_loop(session, ArraySource(wave, 16000), sink, extra_decoding_seconds=float(EXTRA))
-    session.close()
-    assert frames == offline.frames
-    assert np.max(np.abs(sink.audio[6:] - offline.audio)) <= 1e-6
-
-
 def test_stream_latency_is_zero_when_each_frame_leaves_with_its_last_sample(tiny, wave, offline):
     """On a clock that moves only while waiting, every frame's event comes back from the call
     that fed its last needed sample, and the pacing sleeps exactly the audio's length."""

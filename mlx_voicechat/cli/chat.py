@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-from .options import add_conversation_options, add_overlap_option
+from .options import add_conversation_options
 from .stream import WordPrinter
 
 
@@ -24,7 +24,6 @@ def add_parser(subparsers):
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
-    add_overlap_option(p)
     p.add_argument(
         "--input-device",
         default=None,
@@ -91,9 +90,7 @@ def run(args) -> int:
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
-    session = model.session(
-        args.system_prompt, seed=args.seed, tools=tools or None, overlap=args.overlap
-    )
+    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     mic = devices.open_microphone(mic_device, session.input_sample_rate)
     try:

@@ -16,13 +16,3 @@ def add_conversation_options(p) -> None:
         "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
-
-
-def add_overlap_option(p) -> None:
-    """``--overlap``: a live session that overlaps frames (``model.session(overlap=True)``)."""
-    p.add_argument(
-        "--overlap",
-        action="store_true",
-        help="run each frame's speech beside the next frame's listening, on a thread of its "
-        "own: more frames per second where the hardware is the limit, each frame out 80 ms later",
-    )

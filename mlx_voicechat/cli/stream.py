@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .options import add_conversation_options, add_overlap_option
+from .options import add_conversation_options
 
 CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
 
@@ -34,7 +34,6 @@ def add_parser(subparsers):
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
-    add_overlap_option(p)
     p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
     p.add_argument(
         "--realtime",
@@ -233,9 +232,7 @@ def run(args) -> int:
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
-    session = model.session(
-        args.system_prompt, seed=args.seed, tools=tools or None, overlap=args.overlap
-    )
+    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     try:
         result = stream_samples(session, samples, extra, realtime=args.realtime, on_events=printer)

@@ -17,19 +17,10 @@ speech and codec are queued as one graph, and its read carries the two ids, the 
 its codes and its audio. When a ``feed`` completes several frames, each frame is queued before
 the previous one is read; a barge-in is therefore a device flag carried from frame to frame,
 so that frames queued before the host has read the one that ends it follow it exactly.
-
-Overlap (``overlap=True``, opt-in): each frame's speech and codec run on a thread of the
-session's own (with its own MLX streams; ``mx.eval`` releases the GIL), beside the next frame's
-listening, and a frame is handed out by the call after the one that computed it (``finish``,
-and the frame that reaches ``max_seconds``, hand out everything). The same events, one frame
-(80 ms of input) later; on a CPU where the frame, not the audio, is the limit, about a third
-less time per frame. Each thread reads once per frame: the listening thread the ids, flags and
-RNNT labels, the speech thread the codes and audio. ``close()`` ends the speech thread.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence
 
 import mlx.core as mx
@@ -67,7 +58,6 @@ class Session:
         prompt: Optional[Sequence[int]] = None,
         max_seconds: Optional[float] = None,
         tools: Optional[Sequence[Any]] = None,
-        overlap: bool = False,
     ):
         self.model = model
         cfg = model.config
@@ -110,22 +100,12 @@ class Session:
         )
         self._resamplers = {}
         self._closed = False
-        if not isinstance(overlap, bool):
-            raise SessionError(f"overlap must be True or False, got {overlap!r}")
-        self.overlap = overlap
-        # Overlap: each frame's speech and codec run on this thread (its own MLX streams) while
-        # the next frame listens; the frame goes out with the next call (see the module doc).
-        self._speech: Optional[ThreadPoolExecutor] = None
-        if overlap:
-            self._speech = ThreadPoolExecutor(1, thread_name_prefix="mlx-voicechat-speech")
-        self._held: Optional[dict] = None  # overlap: the frame queued last, not handed out
         self._start()
 
     # -- state -----------------------------------------------------------------------------
 
     def _start(self) -> None:
         cfg = self.config
-        self._drain()
         self._cache = open_state(self.model, self.prompt_ids, self.seed, self._noise)
         self._frontend.reset()
         self._rnnt.reset()
@@ -159,32 +139,13 @@ class Session:
         """Schedule every array the next call will read: an array left lazy belongs to the
         streams of the thread that made it, and the next call may come from another thread."""
         c = self._cache
-        arrays = [c.prev_ids, c.text_id, c.prefix, self._rows, self._encoded, self._quiet_flag]
-        arrays += [a for cache in c.llm for a in _cache_arrays(cache)]
+        arrays = [c.prev_ids, c.text_id, c.previous_code, getattr(c.noise, "key", None), c.prefix]
+        arrays += [self._rows, self._encoded, self._quiet_flag]
+        arrays += [a for cache in c.llm + c.tts for a in _cache_arrays(cache)]
         arrays += self._frontend.arrays() + self._rnnt.arrays()
-        if self._held is None:  # else the speech thread has them (it schedules them itself)
-            arrays += self._speech_arrays()
+        arrays += [self._codec_cache.ola_tail, self._codec_cache.envelope_tail]
+        arrays += list(self._codec_cache.conv_tails)
         mx.async_eval(*[a for a in arrays if isinstance(a, mx.array)])
-
-    def _speech_arrays(self) -> list:
-        """The state the speech half of a frame reads and writes: TTS caches, the previous code
-        frame, the noise key, the codec's cache."""
-        c, codec = self._cache, self._codec_cache
-        arrays = [c.previous_code, getattr(c.noise, "key", None)]
-        arrays += [a for cache in c.tts for a in _cache_arrays(cache)]
-        arrays += [codec.ola_tail, codec.envelope_tail, *codec.conv_tails]
-        return [a for a in arrays if isinstance(a, mx.array)]
-
-    def _on_speech(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` where the speech state lives: inline, or on the overlap's speech thread
-        (waiting for it)."""
-        return fn() if self._speech is None else self._speech.submit(fn).result()
-
-    def _drain(self) -> None:
-        """Overlap: wait until the speech thread has finished the frame it holds (dropped)."""
-        held, self._held = self._held, None
-        if held is not None:
-            held["speech"].result()
 
     def reset(self) -> None:
         """Back to the state right after the system prompt (a new conversation)."""
@@ -194,11 +155,6 @@ class Session:
     def close(self) -> None:
         self._closed = True
         self._rows = self._encoded = None
-        if self._speech is not None:
-            try:
-                self._drain()
-            finally:
-                self._speech.shutdown(wait=True)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -381,20 +337,16 @@ class Session:
 
     def _remainder(self) -> FrameEvent:
         """The end of the stream when no frame is left to carry it (see FrameEvent.remainder)."""
+        codec = self.model.tts_model.audio_codec
+        tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
         text_id, function_id = self._last_ids
         event = FrameEvent(
             self.frames - 1, text_id, function_id, np.zeros(0, np.int32), None, remainder=True
         )
-        event.audio = self._on_speech(self._codec_tail).view(np.float32)
+        event.audio = _read(mx.view(tail, mx.int32)).view(np.float32)
         event.speaking = self.speaking
         self._end_of_stream(event)
         return event
-
-    def _codec_tail(self) -> np.ndarray:
-        """The codec's last samples (``decode_flush``) as int32 words, read."""
-        codec = self.model.tts_model.audio_codec
-        tail = codec.decode_flush(self._codec_cache)[0].astype(mx.float32)
-        return _read(mx.view(tail, mx.int32))
 
     def _end_of_stream(self, event: FrameEvent) -> None:
         """What the streams still hold goes on the last event: RNNT tokens, a held-back
@@ -423,24 +375,22 @@ class Session:
             else:
                 self._rows = mx.concatenate([self._rows, projected], axis=1)
                 self._encoded = mx.concatenate([self._encoded, encoded], axis=1)
-        held, self._held = self._held, None  # the frame queued last, not read yet
+        held = None  # the frame queued last, not read yet
         while self._rows is not None and self._rows.shape[1] > 0 and self._finished is None:
             frame = self._queue()
             if held is not None:
                 events.append(self._hand_out(held, tail=False))
             held = frame
         if held is not None:
-            if self._speech is not None and not (last or held["ends"]):
-                self._held = held  # out with the next call, its speech running meanwhile
-            else:
-                events.append(self._hand_out(held, tail=last or held["ends"]))
+            events.append(self._hand_out(held, tail=last or held["ends"]))
         self._settle()
         return events
 
     def _queue(self) -> dict:
-        """Queue the next frame's LLM, speech and codec on the device (overlap: the speech and
-        codec on the speech thread); no host read."""
+        """Queue the next frame's LLM, speech and codec on the device; no host read."""
         model = self.model
+        speech = model.tts_model
+        codec = speech.audio_codec
         row = self._rows[:, :1]
         self._rows = self._rows[:, 1:]
         # The RNNT sees a frame with the frame, so a word is never reported before its frame.
@@ -456,20 +406,13 @@ class Session:
         mx.async_eval(ids)  # the LLM and the function head run while the speech is built
         # The TTS reads the text id on the device, so the frame's speech is queued before the
         # host has seen its ids.
-        position = self._cache.position
+        codes = duplex.speak(model, self._cache, self._cache.text_id, self._cache.position)
         self._cache.position += 1
-        codes = audio = future = None
-        if self._speech is None:
-            codes, audio = self._speak(self._cache.text_id, position)
-        else:  # the speech thread reads the scheduled text id; the frame's words come back
-            text_id = self._cache.text_id
-
-            def run():
-                words = mx.concatenate(_output_parts(*self._speak(text_id, position)))
-                mx.async_eval(self._speech_arrays())  # the state the next frame reads
-                return _read(words)  # the speech thread's one read of the frame
-
-            future = self._speech.submit(run)
+        with mx.stream(duplex.speech_stream()):
+            codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
+            wave, self._codec_cache = codec.decode_step(codes[None], self._codec_cache)
+            audio = wave[0].astype(mx.float32)
+            mx.async_eval(audio, codes)
         index = self._queued
         self._queued += 1
         ends = self._queued >= self.max_frames
@@ -477,23 +420,9 @@ class Session:
             self._finished = "max_seconds"
         host_forced = text_force is not None or function_force is not None
         return {
-            "index": index, "ids": ids, "codes": codes, "audio": audio, "speech": future,
-            "quiet": quiet,
+            "index": index, "ids": ids, "codes": codes, "audio": audio, "quiet": quiet,
             "cancels": self._cancels, "forced": host_forced, "injected": injected, "ends": ends,
         }
-
-    def _speak(self, text_id: mx.array, position: int):
-        """The frame's speech and audio, queued on the calling thread's speech stream: its
-        codes ``[1, Q]`` (control codes replaced) and its 1764 samples."""
-        model = self.model
-        speech = model.tts_model
-        codes = duplex.speak(model, self._cache, text_id, position)
-        with mx.stream(duplex.speech_stream()):
-            codes = replace_control_codes(codes, speech.control_codes, speech.codec_silence_tokens)
-            wave, self._codec_cache = speech.audio_codec.decode_step(codes[None], self._codec_cache)
-            audio = wave[0].astype(mx.float32)
-            mx.async_eval(audio, codes)
-        return codes, audio
 
     def _hand_out(self, frame: dict, tail: bool) -> FrameEvent:
         """The frame's one host read (its ids, whether a barge-in held, the RNNT labels, its
@@ -507,20 +436,13 @@ class Session:
             labels = self._rnnt.queue(upto=k + 1)
         n_labels = 0 if labels is None else labels.shape[0]
         audio = frame["audio"]
-        if tail and audio is not None:  # no later frame is queued: the codec's state is this one's
+        if tail:  # no later frame has been queued: the codec's state is this frame's
             codec = self.model.tts_model.audio_codec
             audio = mx.concatenate([audio, codec.decode_flush(self._codec_cache)[0].astype(mx.float32)])
         quiet = frame["quiet"]
         parts = [frame["ids"], (mx.zeros(1, mx.int32) if quiet is None else quiet.astype(mx.int32))]
-        parts += [labels] if labels is not None else []
-        if audio is not None:
-            parts += _output_parts(frame["codes"], audio)
+        parts += ([labels] if labels is not None else []) + _output_parts(frame["codes"], audio)
         read = _read(mx.concatenate(parts))  # the frame's one host read
-        if frame["speech"] is not None:  # overlap: the speech thread's words for the frame
-            words = frame["speech"].result()
-            if tail:
-                words = np.concatenate([words, self._on_speech(self._codec_tail)])
-            read = np.concatenate([read[: 3 + n_labels], words])
         text_id, function_id, quiet = int(read[0]), int(read[1]), bool(read[2])
         tokens = self._rnnt.advance(read[3 : 3 + n_labels].tolist()) if n_labels else []
         if self._queued > k + 1:  # the next frame is queued: its labels ride on its read
