@@ -8,6 +8,7 @@ from collections import OrderedDict
 from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..noise import KeyNoise, NoiseSource
 from . import duplex
@@ -39,14 +40,7 @@ def _cache_arrays(cache) -> List[Any]:
         state = cache.state
     except Exception:  # an empty cache has no state yet
         return []
-    out, todo = [], [state]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, mx.array):
-            out.append(item)
-        elif isinstance(item, (list, tuple)):
-            todo.extend(reversed(item))
-    return out
+    return [a for _, a in tree_flatten(state) if isinstance(a, mx.array)]
 
 
 def _weights(model) -> tuple:
