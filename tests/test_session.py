@@ -358,16 +358,23 @@ def test_fed_from_two_threads_in_turn(tiny, tiny_offline):
     array left lazy belongs to the streams of the thread that made it)."""
     wave = _wave(1.3)
     s = tiny.session("Be brief.", seed=3)
-    events = []
-    chunks = _chunks(len(wave), 1280)
-    for i, n in enumerate(chunks):
+    events, errors = [], []
+
+    def feed(part):
+        try:
+            events.extend(s.feed(part))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    for i, n in enumerate(_chunks(len(wave), 1280)):
         part = wave[1280 * i : 1280 * i + n]
         if i % 2:
-            t = threading.Thread(target=lambda: events.extend(s.feed(part)))
+            t = threading.Thread(target=feed, args=(part,))
             t.start()
             t.join()
         else:
             events += s.feed(part)
+    assert not errors, errors
     events += s.finish(0.5)
     s.close()
     _same_as_offline(events, tiny_offline)
