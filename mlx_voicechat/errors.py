@@ -7,3 +7,17 @@ class VoiceChatError(Exception):
 
 class CheckpointError(VoiceChatError, ValueError):
     """A checkpoint folder, config or tensor that cannot be loaded."""
+
+
+class GenerationError(VoiceChatError, ValueError):
+    """Arguments of a generation run that cannot be used."""
+
+
+class SessionError(VoiceChatError, ValueError):
+    """A call a session cannot take: bad audio, a closed or finished session."""
+
+
+class RequestError(GenerationError, SessionError):
+    """A conversation's request that cannot be used (prompt, tools, seed, noise, max seconds,
+    extra seconds, context): the same check for ``generate`` and for sessions, so it is both
+    a GenerationError and a SessionError."""

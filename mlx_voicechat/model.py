@@ -20,11 +20,12 @@ from .errors import CheckpointError
 from .nets.codec import AudioCodec
 from .nets.llm import FusedNemotronH
 from .nets.perception import Perception
-from .nets.rnnt import RNNTDecoder, RNNTJoint
+from .nets.rnnt import FrameDecoder, RNNTDecoder, RNNTJoint
 from .nets.tts import EarTTS
+from .nets.version import Versioned
 
 
-class STTModel(nn.Module):
+class STTModel(Versioned, nn.Module):
     """Listening and thinking: perception, the dual-head Nemotron-H, the RNNT transcript head."""
 
     def __init__(self, config: VoiceChatConfig):
@@ -45,7 +46,7 @@ class STTModel(nn.Module):
         self.rnnt_joint = RNNTJoint(audio.joint)
 
 
-class SpeechModel(nn.Module):
+class SpeechModel(Versioned, nn.Module):
     """Speaking: EAR-TTS, the codec, the Aria voice prompt and the silence / control codes."""
 
     def __init__(self, config: VoiceChatConfig):
@@ -61,7 +62,7 @@ class SpeechModel(nn.Module):
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
 
 
-class VoiceChatModel(nn.Module):
+class VoiceChatModel(Versioned, nn.Module):
     """The parameter tree of the whole model: listening and thinking (``stt_model``) and
     speaking (``tts_model``), plus the tokenizer and RNNT vocabulary once they are attached."""
 
@@ -82,6 +83,16 @@ class VoiceChatModel(nn.Module):
             file_or_weights = list(file_or_weights)
             check_weights(self, dict(file_or_weights))
         return super().load_weights(file_or_weights, strict=strict)
+
+    @property
+    def rnnt_frames(self) -> FrameDecoder:
+        """The RNNT head's live decoder: one encoder frame per call, on the device."""
+        frames = self.__dict__.get("_rnnt_frames")
+        if frames is None:
+            stt = self.stt_model
+            frames = FrameDecoder(stt.rnnt_decoder, stt.rnnt_joint, self.config.audio_config.max_symbols)
+            object.__setattr__(self, "_rnnt_frames", frames)
+        return frames
 
     def setup_tokenizer(self, tokenizer) -> None:
         """Attach the LLM tokenizer and build the character tables EAR-TTS derives from it."""

@@ -34,7 +34,7 @@ _COMPAT_NAMES = {
     "VoiceChatStreamingSession": "compat",
     "VoiceChatContextLimitError": "compat",
     "VoiceChatOutput": "compat",
-    "DEFAULT_SYSTEM_PROMPT": "duplex",
+    "DEFAULT_SYSTEM_PROMPT": "request",
 }
 
 
@@ -87,7 +87,6 @@ class Model(VoiceChatModel):
         from .runtime.transcribe import transcribe
 
         note_mlx_thread()
-        use_cpu_layout(self)
         stt = self.stt_model
         return transcribe(
             stt.perception,
@@ -125,7 +124,7 @@ class Model(VoiceChatModel):
         model (sampling temperature, voices, ...) are ignored with a one-line warning; anything
         else is a GenerationError."""
         from .runtime.compat import check_generate_compat
-        from .runtime.duplex import GenerationError
+        from .errors import GenerationError
         from .runtime.generate import generate
 
         check_generate_compat(verbose, use_language_cache)
@@ -162,7 +161,8 @@ class Model(VoiceChatModel):
         max_seconds: Optional[float] = None,
         tools=None,
     ):
-        """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session`."""
+        """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session` (a
+        batch of one)."""
         from .runtime.session import Session
 
         return Session(
@@ -174,6 +174,13 @@ class Model(VoiceChatModel):
             max_seconds=max_seconds,
             tools=tools,
         )
+
+    def session_batch(self, max_sessions: int = 8):
+        """Live conversations stepped together, one batched forward per frame: see
+        :class:`mlx_voicechat.runtime.batch.SessionBatch`."""
+        from .runtime.batch import SessionBatch
+
+        return SessionBatch(self, max_sessions=max_sessions)
 
 
 GENERATE_OPTIONS = (

@@ -85,3 +85,52 @@ class ReplayNoise:
     def used(self) -> Tuple[int, int]:
         """Draws consumed so far: (gumbel, normal)."""
         return self._next["gumbel"], self._next["normal"]
+
+
+class RowNoise:
+    """One source per row of a batch of conversations: a draw of shape ``[B, ...]`` is each
+    row's own source drawing ``[1, ...]``, stacked, so every conversation takes the draws it
+    takes alone. Has mlx-lm's batch protocol (rows along the list)."""
+
+    def __init__(self, sources: Sequence[NoiseSource]):
+        self.sources = list(sources)
+
+    def _draw(self, kind: str, shape: Sequence[int]) -> mx.array:
+        shape = tuple(int(s) for s in shape)
+        if shape[0] != len(self.sources):
+            raise ValueError(f"a draw for {shape[0]} rows from {len(self.sources)} sources")
+        one = (1, *shape[1:])
+        draws = [getattr(s, kind)(one) for s in self.sources]
+        return draws[0] if len(draws) == 1 else mx.concatenate(draws, axis=0)
+
+    def gumbel(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("gumbel", shape)
+
+    def normal(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("normal", shape)
+
+    # -- the batch protocol ------------------------------------------------------------------
+
+    @property
+    def state(self):
+        return [getattr(s, "key", None) for s in self.sources]
+
+    def filter(self, batch_indices) -> None:
+        self.sources = [self.sources[int(i)] for i in batch_indices]
+
+    def extend(self, other: "RowNoise") -> None:
+        self.sources += other.sources
+
+    def extract(self, idx: int) -> "RowNoise":
+        return RowNoise([self.sources[idx]])
+
+    @classmethod
+    def merge(cls, parts: Sequence["RowNoise"]) -> "RowNoise":
+        return cls([s for p in parts for s in p.sources])
+
+    def take_rows(self, idx: Sequence[int]) -> "RowNoise":
+        return RowNoise([self.sources[i] for i in idx])
+
+    def put_rows(self, idx: Sequence[int], part: "RowNoise") -> None:
+        for i, s in zip(idx, part.sources):
+            self.sources[i] = s

@@ -7,6 +7,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 import pytest
+from fastpath_utils import set_fastpath
 from mlx.utils import tree_map
 
 from mlx_voicechat import load
@@ -51,7 +52,7 @@ def _copy(cache):
 
 
 def _step(codec, codes, cache, fast, monkeypatch):
-    monkeypatch.setattr(AudioCodec, "use_fast_step", fast)
+    set_fastpath(monkeypatch, "codec.step", fast)
     wave, cache = codec.decode_step(codes, cache)
     mx.eval(_state(wave, cache))
     return wave
@@ -94,14 +95,24 @@ def test_one_frame_steps_match_the_general_path(codec, fast_calls, monkeypatch):
     np.testing.assert_allclose(np.array(stream), np.array(codec.decode(codes)), atol=1e-5)
 
 
-def test_batches_and_first_frames_take_the_general_path(codec, fast_calls, monkeypatch):
-    codes = _codes(codec, 3)
+def test_rows_take_the_fast_step_and_first_frames_the_general_path(codec, fast_calls, monkeypatch):
+    """A batch of streams, one frame per row, takes the fast step; each row is what its stream
+    gives alone on the general path, bit for bit. First frames and several frames per call
+    take the general path."""
+    a, b = _codes(codec, 4, seed=2), _codes(codec, 4, seed=3)
+    both = mx.concatenate([a, b])
     cache = codec.make_decode_cache()
-    _step(codec, mx.concatenate([codes[:, :1], codes[:, 1:2]]), cache, True, monkeypatch)
-    _step(codec, mx.concatenate([codes[:, 2:], codes[:, 2:]]), cache, True, monkeypatch)
+    _step(codec, both[:, :2], cache, True, monkeypatch)
     assert fast_calls[0] == 0
-    codec.decode(codes[:, :1])
-    assert fast_calls[0] == 0
+    waves = [_step(codec, both[:, t : t + 1], cache, True, monkeypatch) for t in (2, 3)]
+    assert fast_calls[0] == 2
+    for row, codes in enumerate((a, b)):
+        alone = codec.make_decode_cache()
+        _step(codec, codes[:, :2], alone, False, monkeypatch)
+        for t, wave in zip((2, 3), waves):
+            _assert_same([wave[row : row + 1]], [_step(codec, codes[:, t : t + 1], alone, False, monkeypatch)])
+    codec.decode(a[:, :1])
+    assert fast_calls[0] == 2
 
 
 def test_fast_step_follows_weights_changed_after_first_use(codec, fast_calls, monkeypatch):

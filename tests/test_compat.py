@@ -18,9 +18,9 @@ import pytest
 from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.runtime import compat
-from mlx_voicechat.runtime.duplex import (
+from mlx_voicechat.errors import GenerationError
+from mlx_voicechat.runtime.request import (
     DEFAULT_SYSTEM_PROMPT,
-    GenerationError,
     prompt_ids,
     resolve_system_prompt,
 )
@@ -308,11 +308,11 @@ def test_default_system_prompt(tiny, monkeypatch):
 
     seen = []
 
-    def start(model, prompt=(), *args, **kwargs):
-        seen.append(list(prompt))
+    def start(model, request, *args, **kwargs):
+        seen.append(list(request.prompt_ids))
         raise _Stop
 
-    monkeypatch.setattr(offline, "start_session", start)
+    monkeypatch.setattr(offline, "open_state", start)
     x = _wave()[:4000]
     for kwargs in ({}, {"system_prompt": None}, {"system_prompt": ""}, {"system_prompt": "Hi."}):
         with pytest.raises(_Stop):

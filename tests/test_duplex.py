@@ -10,7 +10,9 @@ import pytest
 from oracle_utils import replay_04
 
 from mlx_voicechat.noise import KeyNoise
-from mlx_voicechat.runtime.duplex import duplex_step, start_session, warmup_codes
+from mlx_voicechat.runtime.framestate import open_state, warmup_codes
+from mlx_voicechat.runtime.request import resolve
+from mlx_voicechat.runtime.step import step
 from mlx_voicechat.runtime.generate import listen
 
 SPF = 1764  # samples per 80 ms frame at 22.05 kHz
@@ -120,10 +122,10 @@ def test_cached_timeline_equals_full_history(tiny, prompt):
 
 def test_step_advances_one_position(tiny):
     proj, _, F = listen(tiny, _wave(0.4), 0.0)
-    cache = start_session(tiny, [1, 45, 2], seed=0)
-    assert cache.position == 3 and cache.prefix is not None
-    out, cache = duplex_step(tiny, cache, proj[:, :1])
-    assert cache.position == 4 and cache.prefix is None
+    state = open_state(tiny, resolve(tiny, prompt=[1, 45, 2], seed=0))
+    assert state.position == [3] and state.prefix is not None
+    out = step(tiny, state, proj[:, :1])
+    assert state.position == [4] and state.prefix is None
     assert out.codes.shape == (1, tiny.config.tts_config.num_quantizers)
 
 

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 import pytest
+from fastpath_utils import set_fastpath
 import test_perception
 from mlx.utils import tree_flatten, tree_unflatten
 
@@ -48,7 +49,7 @@ def _stream(enc, mel, compiled, monkeypatch=None):
     """Encoder frames one at a time, as ``StreamingPerception`` runs them: each frame's
     subsampling on its mel context, then one step. Returns every frame's output and cache."""
     if monkeypatch is not None:
-        monkeypatch.setattr(FastConformer, "use_compiled_step", compiled)
+        set_fastpath(monkeypatch, "encoder.frame", compiled)
     mel = mel.astype(enc.pre_encode.out.weight.dtype)
     factor = 2**enc.pre_encode.sampling_num
     cache, out = enc.make_cache(), []

@@ -5,13 +5,17 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from fastpath_utils import set_fastpath
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
 from mlx_voicechat import load
 from mlx_voicechat.nets import layout
 from mlx_voicechat.nets.llm import FusedNemotronH
-from mlx_voicechat.runtime.duplex import run_frames, start_session
+from mlx_voicechat.runtime import generate as offline
+from mlx_voicechat.runtime import step as frame_step
+from mlx_voicechat.runtime.framestate import open_state
+from mlx_voicechat.runtime.request import resolve
 from mlx_voicechat.runtime.generate import generate
 
 
@@ -104,7 +108,7 @@ def test_llm_step_equals_mlx_lm_scan(tiny_checkpoints, variant, monkeypatch):
     x = mx.random.normal((1, 9, H), key=mx.random.key(7)).astype(dtype)
 
     def run(use_step):
-        monkeypatch.setattr(FusedNemotronH, "use_step", use_step)
+        set_fastpath(monkeypatch, "llm.step", use_step)
         cache = llm.make_cache()
         outs = [llm(x[:, :4], cache)] + [llm(x[:, t : t + 1], cache) for t in range(4, 9)]
         mx.eval(outs)
@@ -140,16 +144,16 @@ def test_pipelined_loop_without_prompt_equals_unpipelined(tiny_pair, monkeypatch
     """Lookahead 2 with the TTS on its own stream against lookahead 1 on one stream."""
     fast, _ = tiny_pair
     frames = mx.random.normal((1, 7, fast.config.text_args.hidden_size), key=mx.random.key(4))
-    a, _ = run_frames(fast, start_session(fast, [], seed=1), frames)
-    import mlx_voicechat.runtime.duplex as duplex
+    def state():
+        return open_state(fast, resolve(fast, prompt=[], seed=1))
 
-    monkeypatch.setattr(duplex, "LOOKAHEAD", 1)
-    monkeypatch.setattr(duplex, "speech_stream", lambda: mx.default_stream(mx.default_device()))
-    b, _ = run_frames(fast, start_session(fast, [], seed=1), frames)
-    assert [o.text_id for o in a] == [o.text_id for o in b]
-    assert [o.function_id for o in a] == [o.function_id for o in b]
-    for x, y in zip(a, b):
-        assert np.array_equal(np.array(x.codes), np.array(y.codes))
+    a_ids, a_codes = offline.run_frames(fast, state(), frames)
+    monkeypatch.setattr(offline, "LOOKAHEAD", 1)
+    monkeypatch.setattr(frame_step, "speech_stream", lambda: mx.default_stream(mx.default_device()))
+    b_ids, b_codes = offline.run_frames(fast, state(), frames)
+    assert a_ids == b_ids
+    for x, y in zip(a_codes, b_codes):
+        assert np.array_equal(np.array(x), np.array(y))
 
 
 def test_llm_step_follows_weights_changed_after_first_use(tiny_checkpoints, monkeypatch):
@@ -160,7 +164,7 @@ def test_llm_step_follows_weights_changed_after_first_use(tiny_checkpoints, monk
     x = mx.random.normal((1, 6, model.config.text_args.hidden_size), key=mx.random.key(3))
 
     def run(use_step):
-        monkeypatch.setattr(FusedNemotronH, "use_step", use_step)
+        set_fastpath(monkeypatch, "llm.step", use_step)
         cache = llm.make_cache()
         outs = [llm(x[:, :3], cache)] + [llm(x[:, t : t + 1], cache) for t in range(3, 6)]
         mx.eval(outs)
@@ -194,7 +198,7 @@ def _tts_steps(model, steps=12, seed=5):
 def test_tts_backbone_step_equals_layer_by_layer(tiny_checkpoints, dtype, monkeypatch):
     """Backbone.step (compiled segments between the caches, RoPE offset as an array): the same
     bits as the layers one by one, past the tiny model's sliding window (16)."""
-    from mlx_voicechat.nets.tts import Backbone
+    from mlx_voicechat.nets.tts_backbone import Backbone
 
     model = load(tiny_checkpoints["mlx-community"])
     model.set_dtype(dtype)
@@ -203,7 +207,7 @@ def test_tts_backbone_step_equals_layer_by_layer(tiny_checkpoints, dtype, monkey
     monkeypatch.setattr(Backbone, "step", lambda *a: calls.append(1) or orig(*a))
     fast = _tts_steps(model, steps=24)
     assert len(calls) == 24
-    monkeypatch.setattr(Backbone, "use_step", False)
+    set_fastpath(monkeypatch, "tts.backbone_step", False)
     plain = _tts_steps(model, steps=24)
     assert len(calls) == 24
     for a, b in zip(fast[0] + fast[1], plain[0] + plain[1]):
@@ -211,14 +215,12 @@ def test_tts_backbone_step_equals_layer_by_layer(tiny_checkpoints, dtype, monkey
 
 
 def test_tts_backbone_step_follows_weights_changed_after_first_use(tiny_checkpoints, monkeypatch):
-    from mlx_voicechat.nets.tts import Backbone
-
     model = load(tiny_checkpoints["mlx-community"])
     before = _tts_steps(model)[0]
     bb = model.tts_model.tts_model.backbone
-    bb.layers[2].mlp.down_proj.weight = bb.layers[2].mlp.down_proj.weight * 2
+    bb.layers[2].update({"mlp": {"down_proj": {"weight": bb.layers[2].mlp.down_proj.weight * 2}}})
     after = _tts_steps(model)[0]
-    monkeypatch.setattr(Backbone, "use_step", False)
+    set_fastpath(monkeypatch, "tts.backbone_step", False)
     plain = _tts_steps(model)[0]
     assert not mx.array_equal(before[-1], after[-1]).item()
     assert all(mx.array_equal(a, b).item() for a, b in zip(after, plain))

@@ -11,7 +11,7 @@ import soundfile as sf
 from mlx_voicechat.cli import main
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.runtime.audio import AudioError
-from mlx_voicechat.runtime.duplex import GenerationError
+from mlx_voicechat.errors import GenerationError
 
 ROOT = Path(__file__).parent.parent
 SPF = 1764

@@ -6,7 +6,7 @@ import pytest
 
 from mlx_voicechat.nets import heads
 from mlx_voicechat.nets.layout import use_cpu_layout
-from mlx_voicechat.runtime import duplex
+from mlx_voicechat.runtime import step
 
 
 def _head(rows, hidden, quantize=None, bias=False, seed=0):
@@ -78,5 +78,5 @@ def test_only_big_heads_whose_halves_are_views_are_split(tiny_checkpoints, monke
     assert heads.should_split(q4)
     assert heads.should_split(_half_head())
     assert not heads.should_split(_head(400, 32))  # float32: column-major on the CPU
-    assert duplex.head_stream() is duplex.head_stream()
-    assert duplex.head_stream() != duplex.speech_stream()
+    assert step.head_stream() is step.head_stream()
+    assert step.head_stream() != step.speech_stream()

@@ -3,26 +3,31 @@
 import mlx.core as mx
 import numpy as np
 
-from mlx_voicechat.runtime.duplex import duplex_step, prompt_ids, run_frames, start_session
+from mlx_voicechat.runtime.framestate import open_state
+from mlx_voicechat.runtime.generate import run_frames
+from mlx_voicechat.runtime.request import resolve
+from mlx_voicechat.runtime.step import step
+
+
+def _state(model, prompt, seed):
+    return open_state(model, resolve(model, prompt, seed=seed))
+
 
 def test_offline_loop_one_host_sync_per_frame(tiny, sync_count):
     frames = mx.random.normal((1, 12, tiny.config.text_args.hidden_size), key=mx.random.key(1))
-    cache = start_session(tiny, prompt_ids(tiny, "Hi there."), seed=0)
-    mx.eval(cache.previous_code, frames)
+    state = _state(tiny, "Hi there.", 0)
+    mx.eval(state.arrays(), frames)
     sync_count[0] = 0
-    outputs, _ = run_frames(tiny, cache, frames)
-    assert len(outputs) == 12
+    ids, codes = run_frames(tiny, state, frames)
+    assert len(ids) == len(codes) == 12
     assert sync_count[0] == 12
 
 
 def test_pipelined_loop_equals_step_by_step(tiny):
     frames = mx.random.normal((1, 10, tiny.config.text_args.hidden_size), key=mx.random.key(2))
-    ids = prompt_ids(tiny, "Hi there.")
-    a = start_session(tiny, ids, seed=3)
-    outs, _ = run_frames(tiny, a, frames)
-    b = start_session(tiny, ids, seed=3)
-    steps = [duplex_step(tiny, b, frames[:, i : i + 1])[0] for i in range(10)]
-    assert [o.text_id for o in outs] == [s.text_id for s in steps]
-    assert [o.function_id for o in outs] == [s.function_id for s in steps]
-    for o, s in zip(outs, steps):
-        assert np.array_equal(np.array(o.codes), np.array(s.codes))
+    ids, codes = run_frames(tiny, _state(tiny, "Hi there.", 3), frames)
+    b = _state(tiny, "Hi there.", 3)
+    steps = [step(tiny, b, frames[:, i : i + 1]) for i in range(10)]
+    assert ids == [tuple(s.ids[0].tolist()) for s in steps]
+    for c, s in zip(codes, steps):
+        assert np.array_equal(np.array(c), np.array(s.codes))

@@ -309,16 +309,16 @@ def test_make_checkpoint_sighup_removes_the_temp_folder(tmp_path):
 def test_generate_sigterm_leaves_no_file(ckpt, question, tmp_path):
     code = """
         import os, signal, sys
-        import mlx_voicechat.runtime.duplex as duplex
+        import mlx_voicechat.runtime.step as frame_step
         from mlx_voicechat.cli import main
 
-        real = duplex.speak
+        real = frame_step._speak
 
         def speak_then_signal(*a, **k):
             os.kill(os.getpid(), signal.SIGTERM)
             return real(*a, **k)
 
-        duplex.speak = speak_then_signal
+        frame_step._speak = speak_then_signal
         sys.exit(main(sys.argv[1:]))
     """
     out = tmp_path / "r.wav"

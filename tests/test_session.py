@@ -10,7 +10,7 @@ from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.nets import heads
 from mlx_voicechat.noise import ReplayNoise
-from mlx_voicechat.runtime import duplex
+from mlx_voicechat.runtime import framestate, step
 from mlx_voicechat.runtime.session import SessionError
 
 def _noise(io):
@@ -116,7 +116,7 @@ def test_split_text_head_gives_the_same_frames(tiny_checkpoints, monkeypatch):
     splits = []
     real = heads.greedy_id
     monkeypatch.setattr(
-        duplex, "greedy_id", lambda lin, h, split=None: splits.append(split) or real(lin, h, split)
+        step, "greedy_id", lambda lin, h, split=None: splits.append(split) or real(lin, h, split)
     )
     s = model.session("Be brief.", seed=3)
     _same_as_offline(_run(s, wave, _chunks(len(wave), 1280), extra=0.5), off)
@@ -125,8 +125,8 @@ def test_split_text_head_gives_the_same_frames(tiny_checkpoints, monkeypatch):
 
 def test_second_session_starts_from_the_first_ones_state(tiny, tiny_offline, monkeypatch):
     calls = []
-    real = duplex.start_session
-    monkeypatch.setattr(duplex, "start_session", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = framestate.start_state
+    monkeypatch.setattr(framestate, "start_state", lambda *a, **k: calls.append(1) or real(*a, **k))
     wave = _wave(1.3)
     for _ in range(2):
         s = tiny.session("Be brief.", seed=3)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mlx_voicechat.runtime import duplex
+from mlx_voicechat.runtime import request
 from mlx_voicechat.runtime.tools import ToolError, render_system_prompt, tool_result_ids
 
 WEATHER = {
@@ -31,8 +31,8 @@ def test_tools_go_into_the_prompt(tiny):
     s = tiny.session("Be brief.", tools=[WEATHER])
     text = render_system_prompt("Be brief.", [WEATHER])
     assert "<AVAILABLE_TOOLS>" in text
-    assert s.prompt_ids == duplex.prompt_ids(tiny, text)
-    assert tiny.session("Be brief.").prompt_ids == duplex.prompt_ids(tiny, "Be brief.")
+    assert s.prompt_ids == request.prompt_ids(tiny, text)
+    assert tiny.session("Be brief.").prompt_ids == request.prompt_ids(tiny, "Be brief.")
     with pytest.raises(ToolError, match="at most 5"):
         tiny.session("x", tools=[dict(WEATHER, name=f"t{i}") for i in range(6)])
     with pytest.raises(ToolError, match="unique"):

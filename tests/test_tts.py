@@ -9,7 +9,8 @@ from oracle_utils import ORACLE
 from tokenizers import Tokenizer
 
 from mlx_voicechat.config import VoiceChatConfig
-from mlx_voicechat.nets.tts import EarTTS, MoGHead, top_p_filter
+from mlx_voicechat.nets.mog import MoGHead, top_p_filter
+from mlx_voicechat.nets.tts import EarTTS
 from mlx_voicechat.noise import KeyNoise, ReplayNoise
 from mlx_voicechat.weights.sanitize import sanitize_module
 

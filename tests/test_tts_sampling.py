@@ -10,9 +10,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from fastpath_utils import set_fastpath
 
 from mlx_voicechat import load
-from mlx_voicechat.nets.tts import EarTTS, MoGHead
+from mlx_voicechat.nets.mog import CodeSampler, MoGHead
+from mlx_voicechat.nets.tts import EarTTS
 from mlx_voicechat.noise import KeyNoise, ReplayNoise, gumbel_from_uniform
 from mlx_voicechat.runtime.threads import note_mlx_thread
 
@@ -41,7 +43,7 @@ def _replay(tts, draws, seed):
 
 
 def _codes(tts, hidden, noise, fused, monkeypatch):
-    monkeypatch.setattr(EarTTS, "fused_sampling", fused)
+    set_fastpath(monkeypatch, "tts.sampling", fused)
     out = tts.generate_codes(hidden, noise)
     mx.eval(out)
     return np.array(out)
@@ -56,8 +58,10 @@ def test_fused_codes_equal_op_by_op(tiny, source, monkeypatch):
     else:
         fast_noise, ref_noise = (_replay(tts, _calls(tts) * len(hiddens), 2) for _ in range(2))
     compiled = []
-    real = EarTTS._sampler
-    monkeypatch.setattr(EarTTS, "_sampler", lambda self: compiled.append(1) or real(self))
+    real = CodeSampler.draw_noise  # what only the compiled path calls, once per call
+    monkeypatch.setattr(
+        CodeSampler, "draw_noise", lambda self, *a: compiled.append(1) or real(self, *a)
+    )
     seen = set()
     for h in hiddens:
         fast = _codes(tts, h, fast_noise, True, monkeypatch)
@@ -91,7 +95,7 @@ def test_fused_sampling_follows_weights_changed_after_first_use(tiny_checkpoints
         tts.embed_code = code
 
     changes = {
-        "head weights": lambda: setattr(head.proj_logits, "weight", head.proj_logits.weight * 3),
+        "head weights": lambda: head.update({"proj_logits": {"weight": head.proj_logits.weight * 3}}),
         "codebooks": lambda: setattr(tts, "rvq_embs", tts.rvq_embs[:, ::-1] * 1.5),
         "embed_code module": new_embed_code,
         "quantized MLP": lambda: nn.quantize(

@@ -70,7 +70,8 @@ class _Progress:
 def run(args) -> int:
     from .. import load
     from ..runtime.audio import check_output, load_audio
-    from ..runtime.duplex import GenerationError, check_seed
+    from ..errors import GenerationError
+    from ..runtime.request import check_seed
 
     if not args.extra_decoding_seconds >= 0 or args.extra_decoding_seconds == float("inf"):
         raise GenerationError(

@@ -219,7 +219,7 @@ def run(args) -> int:
     from .. import load
     from ..runtime import plot
     from ..runtime.audio import check_output, load_audio, save_wav
-    from ..runtime.duplex import check_extra_seconds
+    from ..runtime.request import check_extra_seconds
 
     extra = check_extra_seconds(args.extra_decoding_seconds)
     if args.output_audio:  # a bad output fails before the long work

@@ -18,13 +18,13 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
 from ..config import CharEncoderConfig
+from .version import Memo, Versioned
 
 
-class OffsetRMSNorm(gemma3_text.RMSNorm):
+class OffsetRMSNorm(Versioned, gemma3_text.RMSNorm):
     """Gemma's RMSNorm with weight + 1."""
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -85,7 +85,7 @@ def build_char_table(
 # --- one T5Gemma encoder layer --------------------------------------------------------------
 
 
-class CharAttention(nn.Module):
+class CharAttention(Versioned, nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         dim, hd = cfg.hidden_size, cfg.head_dim
@@ -118,7 +118,7 @@ class CharAttention(nn.Module):
         return self.o_proj(out)
 
 
-class CharEncoderLayer(nn.Module):
+class CharEncoderLayer(Versioned, nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -135,14 +135,14 @@ class CharEncoderLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-class CharEncoder(nn.Module):
+class CharEncoder(Versioned, nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         self.layers = [CharEncoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class CharBackbone(nn.Module):
+class CharBackbone(Versioned, nn.Module):
     """Holds the encoder under ``backbone.encoder`` as NeMo's T5Gemma wrapper names it."""
 
     def __init__(self, cfg: CharEncoderConfig):
@@ -153,7 +153,7 @@ class CharBackbone(nn.Module):
 # --- flag embeddings ------------------------------------------------------------------------
 
 
-class SubwordFlagEmbedding(nn.Module):
+class SubwordFlagEmbedding(Versioned, nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int):
         super().__init__()
         self.cont_emb = nn.Embedding(2, hidden_size)
@@ -166,7 +166,7 @@ class SubwordFlagEmbedding(nn.Module):
         return self.cont_emb(self.is_continuation[safe])
 
 
-class BOSEOSEmbedding(nn.Module):
+class BOSEOSEmbedding(Versioned, nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int):
         super().__init__()
         self.special_emb = nn.Embedding(3, hidden_size)
@@ -182,7 +182,7 @@ class BOSEOSEmbedding(nn.Module):
 # --- the encoder ------------------------------------------------------------------------------
 
 
-class CharAwareSubwordEncoder(nn.Module):
+class CharAwareSubwordEncoder(Versioned, nn.Module):
     """``embed_subword``: subword ids [B, T] (+ mask) -> conditioning embeddings [B, T, hidden].
 
     Call :meth:`set_vocabulary` with the LLM tokenizer once before use.
@@ -209,8 +209,7 @@ class CharAwareSubwordEncoder(nn.Module):
             self.bos_eos_emb = BOSEOSEmbedding(H, vocab_size)
         self._char_ids: Optional[mx.array] = None
         self._char_lens: Optional[mx.array] = None
-        self._memo: Dict[int, mx.array] = {}
-        self._memo_params: Tuple[int, ...] = ()
+        object.__setattr__(self, "_embedded", Memo(self))  # id -> embedding, per weights
 
     # -- vocabulary ------------------------------------------------------------------------
 
@@ -219,7 +218,7 @@ class CharAwareSubwordEncoder(nn.Module):
         ids, lens = build_char_table(tokenizer, self.vocab_size, self.char_cfg.char_vocab_size)
         # int16 holds any character id (char_vocab_size is 257) at half the memory.
         self._char_ids, self._char_lens = mx.array(ids.astype(np.int16)), mx.array(lens)
-        self._memo = {}
+        self._embedded.clear()
 
     def spell(self, ids: mx.array) -> Tuple[mx.array, mx.array]:
         """Character ids ``[..., max_len]`` and lengths ``[...]`` of subword ids, on the device."""
@@ -264,14 +263,17 @@ class CharAwareSubwordEncoder(nn.Module):
 
     # -- memo for ids known on the host ---------------------------------------------------
 
+    @property
+    def _memo(self) -> Dict[int, mx.array]:
+        """The embeddings computed so far for the current weights, by id."""
+        return self._embedded.get(dict)
+
     def embed_ids(self, ids: Sequence[int]) -> mx.array:
         """Unmasked embeddings ``[len(ids), hidden]`` of host-side ids, each computed once."""
-        key = tuple(id(v) for _, v in tree_flatten(self.parameters()))
-        if key != self._memo_params:  # weights were loaded or cast since the memo was filled
-            self._memo, self._memo_params = {}, key
-        todo = sorted({int(i) for i in ids} - self._memo.keys())
+        memo = self._memo
+        todo = sorted({int(i) for i in ids} - memo.keys())
         if todo:
             rows = self(mx.array(todo, dtype=mx.int32)[None])[0]
             for k, i in enumerate(todo):
-                self._memo[i] = rows[k]
-        return mx.stack([self._memo[int(i)] for i in ids])
+                memo[i] = rows[k]
+        return mx.stack([memo[int(i)] for i in ids])

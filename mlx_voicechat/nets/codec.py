@@ -13,29 +13,33 @@ delayed by ``stream_delay`` samples (silence before the first sample) and ``deco
 the final ones; ``decode`` is that same path run once over the whole sequence.
 
 A live session decodes one code frame per call, and there every shape is fixed after the first
-frame, so that call runs as one ``mx.compile``'d function (see ``AudioCodec.use_fast_step``) with
-the same arithmetic in the same order as the general path, bit for bit.
+frame, so that call runs as one ``mx.compile``'d function (the ``codec.step`` fast path, see
+:mod:`.fastpaths`) with the same arithmetic in the same order as the general path, bit for bit.
+A batch of conversations decodes one row each (:class:`CodecDecodeCache` with one row per
+conversation).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning, stft
 
+from mlx_lm.models.cache import _BaseCache
+
 from ..config import CodecConfig
-from .compiled import FrozenCompile
+from . import fastpaths
+from .version import Memo, Versioned
 
 MAX_MAGNITUDE = 100.0  # NeMo's soft ceiling on the decoder's linear STFT magnitude
 NORM_EPS = 1e-6  # ConvNeXt channel LayerNorm
 EXPANSION = 4  # ConvNeXt pointwise expansion
 
 
-class ConvNeXtBlock(nn.Module):
+class ConvNeXtBlock(Versioned, nn.Module):
     """Causal 1-D ConvNeXt block on [B, T, C]; ``tail`` holds the previous ``kernel - 1`` inputs."""
 
     def __init__(self, dim: int, kernel_size: int):
@@ -78,7 +82,7 @@ def _stage_widths(cfg: CodecConfig) -> List[int]:
     return [cfg.base_channels * m for m in cfg.channel_multipliers]
 
 
-class CodecEncoder(nn.Module):
+class CodecEncoder(Versioned, nn.Module):
     """``encoder.layers``: a k1 projection, then per stage ConvNeXt blocks and a strided conv."""
 
     def __init__(self, cfg: CodecConfig):
@@ -99,7 +103,7 @@ class CodecEncoder(nn.Module):
         return x
 
 
-class CodecDecoder(nn.Module):
+class CodecDecoder(Versioned, nn.Module):
     """``decoder.layers``: per stage (widest first) a transposed conv with stride = kernel and
     ConvNeXt blocks, then a k1 projection to the STFT channels."""
 
@@ -136,7 +140,7 @@ class CodecDecoder(nn.Module):
         return x, new_tails
 
 
-class EMAVariance(nn.Module):
+class EMAVariance(Versioned, nn.Module):
     """``prvq.variance_list.{q}``: a training statistic, loaded so the checkpoint loads strictly."""
 
     def __init__(self):
@@ -144,7 +148,7 @@ class EMAVariance(nn.Module):
         self.variance = mx.array(1.0)
 
 
-class PRVQ(nn.Module):
+class PRVQ(Versioned, nn.Module):
     """NeMo's ``PreTrainedProbabilisticVQ``: nearest-mean residual quantization, one codebook
     of ``codebook_size`` means per quantizer."""
 
@@ -177,23 +181,93 @@ class PRVQ(nn.Module):
         return z
 
 
-@dataclass
-class CodecDecodeCache:
-    """State of one streaming decode: see ``AudioCodec.decode_step``."""
+class CodecDecodeCache(_BaseCache):
+    """State of a streaming decode of ``B`` rows (see ``AudioCodec.decode_step``): each
+    ConvNeXt block's last inputs, the partly overlap-added samples and their squared-window
+    sum (the same for every row once a frame is decoded), and the frames decoded."""
 
-    conv_tails: List[Optional[mx.array]] = field(default_factory=list)
-    ola_tail: Optional[mx.array] = None  # [B, n_fft - hop] partly overlap-added samples
-    envelope_tail: Optional[mx.array] = None  # [n_fft - hop] their squared-window sum
-    frames: int = 0  # code frames decoded so far
+    def __init__(self, num_blocks: int = 0):
+        self.conv_tails: List[Optional[mx.array]] = [None] * num_blocks  # [B, kernel - 1, C]
+        self.ola_tail: Optional[mx.array] = None  # [B, n_fft - hop]
+        self.envelope_tail: Optional[mx.array] = None  # [n_fft - hop]
+        self.frames = 0  # code frames decoded so far (every row alike)
+
+    @property
+    def state(self):
+        return self.conv_tails, self.ola_tail, self.envelope_tail
+
+    @state.setter
+    def state(self, v):
+        self.conv_tails, self.ola_tail, self.envelope_tail = v
+
+    @property
+    def meta_state(self):
+        return str(self.frames)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        self.frames = int(v)
+
+    def empty(self) -> bool:
+        return self.ola_tail is None
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self.ola_tail is None else self.ola_tail.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [*self.conv_tails, self.ola_tail, self.envelope_tail]
+        return sum(a.nbytes for a in arrays if a is not None)
+
+    def _rows(self, rows) -> "CodecDecodeCache":
+        out = CodecDecodeCache(len(self.conv_tails))
+        out.conv_tails = [t[rows] for t in self.conv_tails]
+        out.ola_tail, out.envelope_tail, out.frames = self.ola_tail[rows], self.envelope_tail, self.frames
+        return out
+
+    def filter(self, batch_indices) -> None:
+        part = self._rows(mx.array(list(batch_indices), dtype=mx.int32))
+        self.conv_tails, self.ola_tail = part.conv_tails, part.ola_tail
+
+    def take_rows(self, idx: Sequence[int]) -> "CodecDecodeCache":
+        return self._rows(mx.array(list(idx), dtype=mx.int32))
+
+    def put_rows(self, idx: Sequence[int], part: "CodecDecodeCache") -> None:
+        rows = mx.array(list(idx), dtype=mx.int32)
+
+        def put(full, a):
+            full = mx.array(full)
+            full[rows] = a
+            return full
+
+        self.conv_tails = [put(f, a) for f, a in zip(self.conv_tails, part.conv_tails)]
+        self.ola_tail = put(self.ola_tail, part.ola_tail)
+        self.envelope_tail, self.frames = part.envelope_tail, part.frames
+
+    def extract(self, idx: int) -> "CodecDecodeCache":
+        return self._rows(slice(idx, idx + 1))
+
+    def extend(self, other: "CodecDecodeCache") -> None:
+        merged = CodecDecodeCache.merge([self, other])
+        self.conv_tails, self.ola_tail = merged.conv_tails, merged.ola_tail
+
+    @classmethod
+    def merge(cls, caches: Sequence["CodecDecodeCache"]) -> "CodecDecodeCache":
+        """Rows of caches that have each decoded a frame (their envelopes are then the same)."""
+        if any(c.empty() for c in caches):
+            raise ValueError("only caches that have decoded a frame can be merged")
+        out = cls(len(caches[0].conv_tails))
+        out.conv_tails = [mx.concatenate(t, axis=0) for t in zip(*(c.conv_tails for c in caches))]
+        out.ola_tail = mx.concatenate([c.ola_tail for c in caches], axis=0)
+        out.envelope_tail = caches[0].envelope_tail
+        out.frames = max(c.frames for c in caches)
+        return out
 
 
-class AudioCodec(nn.Module):
+class AudioCodec(Versioned, nn.Module):
     """``tts_model.audio_codec``: ``encode(wave) -> codes``, ``decode(codes) -> wave`` and the
     streaming ``decode_step``."""
-
-    #: Decode one code frame on a filled batch-1 cache through the compiled fast step
-    #: (set ``False`` to use the general path everywhere).
-    use_fast_step = True
 
     def __init__(self, codec_config: CodecConfig):
         super().__init__()
@@ -208,10 +282,9 @@ class AudioCodec(nn.Module):
         self.decoder = CodecDecoder(cfg)
         self._window = hanning(cfg.n_fft, periodic=True).astype(mx.float32)
         # The fast step's compiled function, its weights in the step's layouts (prepared again
-        # when a parameter is replaced) and its constant envelope; kept off the parameter tree.
+        # when the weights change) and its constant envelope; kept off the parameter tree.
         object.__setattr__(self, "_step_fn", None)
-        step_weights = FrozenCompile(self._prepare_step_weights, lambda: [self.prvq, self.decoder])
-        object.__setattr__(self, "_step_weights", step_weights)
+        object.__setattr__(self, "_step_weights", Memo(self))
         object.__setattr__(self, "_step_envelope", None)
 
     # --- constants -------------------------------------------------------------------
@@ -295,7 +368,7 @@ class AudioCodec(nn.Module):
         return mx.clip(frames, -w, w) * w
 
     def make_decode_cache(self) -> CodecDecodeCache:
-        return CodecDecodeCache(conv_tails=[None] * self.decoder.num_blocks)
+        return CodecDecodeCache(self.decoder.num_blocks)
 
     def decode_step(
         self, codes: mx.array, cache: CodecDecodeCache
@@ -305,8 +378,8 @@ class AudioCodec(nn.Module):
         The output stream lags ``decode`` by ``stream_delay`` samples: the first call starts
         with that many zeros, and ``decode_flush`` returns the last samples once the stream
         ends. So ``concat(steps)[:, delay:] ++ decode_flush == decode(all codes)``.
-        ``cache`` is updated in place and returned. One frame on a batch-1 cache that has seen
-        a frame runs as the compiled fast step (same bits; see ``use_fast_step``).
+        ``cache`` is updated in place and returned. One frame per row on a cache that has
+        decoded a frame runs as the ``codec.step`` fast path (same bits).
         """
         if self._fast_step_applies(codes, cache):
             return self._fast_step(codes, cache)
@@ -349,27 +422,27 @@ class AudioCodec(nn.Module):
     # test_codec_step checks that waves and caches match the general path bit for bit.
 
     def _fast_step_applies(self, codes: mx.array, cache: CodecDecodeCache) -> bool:
-        """One frame, batch 1, on a cache that has seen a frame: every shape is then fixed."""
+        """One frame per row on a cache that has decoded a frame: every shape is then fixed."""
         return (
-            self.use_fast_step
+            fastpaths.enabled("codec.step")
             and cache.ola_tail is not None
-            and codes.shape == (1, 1, self.config.num_quantizers)
-            and cache.ola_tail.shape[0] == 1
+            and codes.shape[1:] == (1, self.config.num_quantizers)
+            and cache.ola_tail.shape[0] == codes.shape[0]
         )
 
     def prepare_fast_step(self) -> None:
         """Make the fast step's weights and envelope now (a stream's first frame would, with
         a host sync of its own): a session calls this when it opens."""
-        if self.use_fast_step:
-            self._step_weights.get()
+        if fastpaths.enabled("codec.step"):
+            self._step_weights.get(self._prepare_step_weights)
             self._steady_envelope()
 
     def _prepare_step_weights(self) -> List[mx.array]:
         """The weights the fast step reads, in its layouts and order: the stacked codebooks
         [Q, K, latent]; per block the depthwise taps [kernel, C] and [in, out] pointwise
         weights; per transposed conv [in, kernel * out]; the last k1 conv [in, out]. Made
-        again when a parameter has been replaced (loading, ``update``, a dtype change; see
-        :mod:`.compiled`), so the compiled step reads the current ones."""
+        again when the weights change (see :mod:`.version`), so the compiled step reads the
+        current ones."""
         out = [mx.stack(list(self.prvq.mus_list))]
         for layer in self.decoder.layers:
             if isinstance(layer, ConvNeXtBlock):
@@ -408,8 +481,9 @@ class AudioCodec(nn.Module):
 
         def step(codes, ola_tail, envelope, *rest):
             tails, (table, *weights) = rest[:num_blocks], rest[num_blocks:]
-            sel = table[mx.arange(table.shape[0]), codes[0, 0]].astype(mx.float32)
-            z = mx.cumsum(sel, axis=0)[-1:][None]  # (((m0 + m1) + m2) + ...), like PRVQ.decode
+            B = codes.shape[0]
+            sel = table[mx.arange(table.shape[0])[None], codes[:, 0]].astype(mx.float32)
+            z = mx.cumsum(sel, axis=1)[:, -1:]  # (((m0 + m1) + m2) + ...), like PRVQ.decode
             x, weights = z.astype(weights[0].dtype), iter(weights)  # the decoder's dtype
             new_tails = []
             for layer in self.decoder.layers:
@@ -417,7 +491,7 @@ class AudioCodec(nn.Module):
                     x, tail = _block_step(layer, x, tails[len(new_tails)], weights)
                     new_tails.append(tail)
                 else:
-                    x = (x @ next(weights)).reshape(1, -1, layer.weight.shape[0])
+                    x = (x @ next(weights)).reshape(B, -1, layer.weight.shape[0])
             num = self._overlap_add(self._spectrum_to_frames(x))
             num = mx.concatenate([num[:, :overlap] + ola_tail, num[:, overlap:]], axis=1)
             done = num.shape[1] - overlap
@@ -429,10 +503,11 @@ class AudioCodec(nn.Module):
     def _fast_step(
         self, codes: mx.array, cache: CodecDecodeCache
     ) -> Tuple[mx.array, CodecDecodeCache]:
-        """``decode_step`` of one frame [1, 1, Q] on a cache that has seen a frame."""
+        """``decode_step`` of one frame per row [B, 1, Q] on a cache that has seen a frame."""
         envelope, envelope_tail = self._steady_envelope()
+        weights = self._step_weights.get(self._prepare_step_weights)
         wave, cache.ola_tail, *tails = self._compiled_step()(
-            codes, cache.ola_tail, envelope, *cache.conv_tails, *self._step_weights.get()
+            codes, cache.ola_tail, envelope, *cache.conv_tails, *weights
         )
         cache.conv_tails = tails
         cache.envelope_tail = envelope_tail

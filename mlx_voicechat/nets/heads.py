@@ -11,7 +11,7 @@ The halves are row slices of the parameters (a quantized head's scales and biase
 alike): views, no copy, where the weight is row-major, as half-precision and quantized heads
 are. A float32 head on the CPU is stored column-major (``nets.layout``), where a row slice is
 strided and would be copied at every call; :func:`should_split` leaves such a head whole (a
-second, row-split copy of its bytes measured 3-5 ms of a medium frame: not worth 128 MiB).
+second, row-split copy of its bytes would double its memory for little).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import fastpaths
 from .layout import on_cpu
 
 #: Heads with fewer rows are not split: one call costs less than the second stream's hand-off.
@@ -55,7 +56,7 @@ def rows(linear: nn.Module) -> int:
 def should_split(linear: nn.Module) -> bool:
     """Whether :func:`greedy_id` gains from splitting ``linear`` here: on the CPU, big heads
     whose row halves are views (quantized or half precision; see the module docstring)."""
-    if not on_cpu() or rows(linear) < SPLIT_MIN_ROWS:
+    if not fastpaths.enabled("heads.split") or not on_cpu() or rows(linear) < SPLIT_MIN_ROWS:
         return False
     return isinstance(linear, nn.QuantizedLinear) or linear.weight.dtype != mx.float32
 

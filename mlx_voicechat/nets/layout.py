@@ -2,9 +2,8 @@
 
 MLX's CPU backend multiplies float32 matrices with ``cblas_sgemm``, and the BLAS that the Linux
 ``mlx[cpu]`` wheel ships is the reference one. ``nn.Linear`` computes ``x @ W.T`` with ``W``
-stored row-major ``[out, in]``: the transposed case, which that BLAS runs about half as fast as
-the plain one (a ``[1, 256] @ [256, 131072]`` head: 32 ms against 17 ms; the same ratio from
-``[1, 128] @ [128, 512]`` up to ``[200, 1024] @ [1024, 1024]``).
+stored row-major ``[out, in]``: the transposed case, which that BLAS runs markedly slower than
+the plain one (BENCHMARKS.md has the figures).
 
 :func:`use_cpu_layout` stores such a weight's data as ``W.T`` made contiguous and keeps ``W`` as
 its transposed view. The parameter keeps its shape, dtype and values, so saving, quantizing,
@@ -21,6 +20,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from .version import bump
 
 _FLAG = "_cpu_layout_done"
 _KEEP = "_keep_row_major"
@@ -55,4 +56,6 @@ def use_cpu_layout(model: nn.Module) -> int:
         module.weight = w
         moved += 1
     object.__setattr__(model, _FLAG, True)
+    if moved:
+        bump(model)
     return moved

@@ -4,14 +4,12 @@ The blocks, caches and masks are mlx-lm's (``mlx_lm.models.nemotron_h``); VoiceC
 changes what goes in (a fused embedding row per 80 ms frame, no token lookup) and what comes
 out (two heads on the ``norm_f`` output, owned by the caller).
 
-One frame is one token through 56 layers. Where mlx-lm runs a single Mamba token through its
-chunked SSD scan (everywhere but Metal, where it has a kernel), :meth:`FusedNemotronH.step`
-runs it as a recurrence, without the scan's masks, cumulative sums and repeats, and each run of
-Mamba / MLP layers between two attention layers as one ``mx.compile``'d function (its weights
-constants of the trace, see :mod:`.compiled`; 35 -> 27 ms per token at the benchmark's medium
-scale on a 2-core CPU). Every value is computed by the same operations in the same order as
-mlx-lm's scan at length 1 (its decay is ``exp(0) = 1`` and its inner products have one term),
-so the result is bit-identical (tested).
+One frame is one token through the layers, for every row of a batch at once. Two fast paths
+(see :mod:`.fastpaths`): ``llm.step`` runs each Mamba mixer on one token as a recurrence
+(mlx-lm's chunked SSD scan at length 1 has a decay of ``exp(0) = 1`` and one-term inner
+products, so the values are the same) and each run of Mamba / MLP blocks between two
+attention layers as one compiled function; ``llm.row_attention`` runs an attention layer whose
+rows keep their own caches (:class:`~.caches.RowCaches`).
 """
 
 from __future__ import annotations
@@ -22,9 +20,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.nemotron_h import ModelArgs, NemotronHBlock, NemotronHModel
+from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.ssm import compute_dt
 
-from .compiled import FrozenCompile
+from . import fastpaths
+from .caches import RowCaches
+from .version import Memo, Versioned
 
 
 def mamba_step(
@@ -89,26 +90,61 @@ def _segment_fn(blocks: Sequence[NemotronHBlock]) -> Callable:
     return run
 
 
-class FusedNemotronH(NemotronHModel):
+def row_attention(block: NemotronHBlock, x: mx.array, cache: RowCaches) -> mx.array:
+    """An attention block (``NemotronHBlock`` of type ``*``) on one position of every row,
+    each row with its own KV cache: ``NemotronHAttention.__call__`` with the cache update and
+    the attention done row by row."""
+    attn = block.mixer
+    B, L, _ = x.shape
+    h = block.norm(x)
+    q = attn.q_proj(h).reshape(B, L, attn.num_heads, -1).transpose(0, 2, 1, 3)
+    k = attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    outs = []
+    for b, c in enumerate(cache.rows):
+        keys, values = c.update_and_fetch(k[b : b + 1], v[b : b + 1])
+        outs.append(
+            scaled_dot_product_attention(q[b : b + 1], keys, values, cache=c, scale=attn.scale, mask=None)
+        )
+    o = outs[0] if B == 1 else mx.concatenate(outs, axis=0)
+    return x + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class FusedNemotronH(Versioned, NemotronHModel):
     """Nemotron-H layers + ``norm_f`` on precomputed input embeddings.
 
     The checkpoint keeps the token embedding beside the LLM (``stt_model.embed_tokens``), so
-    the inner lookup is an identity and holds no parameters.
+    the inner lookup is an identity and holds no parameters. Caches: :meth:`make_cache`, one
+    row; a batch's are the rows' merged (Mamba states stacked, attention rows side by side).
     """
-
-    #: Run single-token calls through :meth:`step` where mlx-lm would scan (set ``False`` to
-    #: use mlx-lm's path everywhere).
-    use_step = True
 
     def __init__(self, args: ModelArgs):
         super().__init__(args)
         self.embeddings = nn.Identity()
-        object.__setattr__(self, "_plan", FrozenCompile(self._build_plan, lambda: [self]))
+        object.__setattr__(self, "_plan", Memo(self))
 
     def __call__(self, embeds: mx.array, cache: Optional[List[Any]] = None) -> mx.array:
         if self._steppable(embeds, cache):
             return self.step(embeds, cache)
+        if cache is not None and any(isinstance(c, RowCaches) and len(c) > 1 for c in cache):
+            return self._by_layer(embeds, cache)
         return super().__call__(embeds, cache=cache)
+
+    def _by_layer(self, embeds: mx.array, cache: List[Any]) -> mx.array:
+        """mlx-lm's layers one by one on one position of several rows, attention row by row
+        (where :meth:`step` does not apply: on Metal, or with ``llm.step`` off)."""
+        if embeds.shape[1] != 1:
+            raise ValueError("rows of a batch advance one position at a time")
+        x, i = embeds, 0
+        for layer in self.layers:
+            if layer.block_type == "*":
+                x = row_attention(layer, x, cache[i])
+            elif layer.block_type == "M":
+                x = layer(x, mask=None, cache=cache[i])
+            else:
+                x = layer(x)
+            i += layer.block_type in "M*"
+        return self.norm_f(x)
 
     def make_cache(self) -> List[Any]:
         caches = []
@@ -116,13 +152,13 @@ class FusedNemotronH(NemotronHModel):
             if layer.block_type == "M":
                 caches.append(ArraysCache(size=2))
             elif layer.block_type == "*":
-                caches.append(KVCache())
+                caches.append(RowCaches([KVCache()]))
         return caches
 
     # --- one token ------------------------------------------------------------------------
 
     def _steppable(self, embeds: mx.array, cache) -> bool:
-        if not self.use_step or cache is None or embeds.shape[1] != 1:
+        if not fastpaths.enabled("llm.step") or cache is None or embeds.shape[1] != 1:
             return False
         if mx.default_device().type == mx.DeviceType.gpu and mx.metal.is_available():
             return False  # mlx-lm has a Metal kernel for this step
@@ -134,8 +170,8 @@ class FusedNemotronH(NemotronHModel):
 
     def _step_plan(self) -> List[Tuple[str, Any, List[int]]]:
         """Segments: ``("attn", block, [cache index])`` or ``("run", fn, [cache indices])``,
-        for the current weights (see :mod:`.compiled`)."""
-        return self._plan.get()
+        for the current weights (see :mod:`.version`)."""
+        return self._plan.get(self._build_plan)
 
     def _build_plan(self) -> List[Tuple[str, Any, List[int]]]:
         plan, run, run_caches, ci = [], [], [], 0
@@ -165,11 +201,12 @@ class FusedNemotronH(NemotronHModel):
         return plan
 
     def step(self, embeds: mx.array, cache: List[Any]) -> mx.array:
-        """One token ``[b, 1, hidden]`` on filled caches; same result as ``__call__``."""
+        """One token ``[b, 1, hidden]`` per row on filled caches; same result as ``__call__``
+        on each row alone."""
         x = embeds
         for kind, what, idx in self._step_plan():
             if kind == "attn":
-                x = what(x, mask=None, cache=cache[idx[0]])
+                x = row_attention(what, x, cache[idx[0]])
                 continue
             states = []
             for i in idx:

@@ -11,9 +11,8 @@ full-pass result while memory grows linearly with the input.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,7 +29,8 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
 )
 
 from ..config import AudioConfig, ConfigError, EncoderConfig, PreprocessorConfig
-from .compiled import FrozenCompile
+from . import fastpaths
+from .version import Memo, Versioned
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
 DEFAULT_CHUNK_FRAMES = 256
@@ -69,7 +69,7 @@ def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
 # --- log-mel front-end ---------------------------------------------------------------------
 
 
-class Featurizer(nn.Module):
+class Featurizer(Versioned, nn.Module):
     """NeMo ``FilterbankFeatures`` buffers: the mel filterbank and the analysis window."""
 
     def __init__(self, cfg: PreprocessorConfig):
@@ -78,7 +78,7 @@ class Featurizer(nn.Module):
         self.window = mx.zeros((cfg.win_length,))
 
 
-class Preprocessor(nn.Module):
+class Preprocessor(Versioned, nn.Module):
     def __init__(self, cfg: PreprocessorConfig):
         super().__init__()
         if str(cfg.normalize).upper() not in ("NA", "NONE"):
@@ -135,7 +135,7 @@ class Preprocessor(nn.Module):
 # --- encoder ---------------------------------------------------------------------------------
 
 
-class Subsampling(CausalDwStridingSubsampling):
+class Subsampling(Versioned, CausalDwStridingSubsampling):
     """Causal dw-striding subsampling; lengths computed on the device (no host sync)."""
 
     def output_lengths(self, lengths: mx.array) -> mx.array:
@@ -157,7 +157,7 @@ class Subsampling(CausalDwStridingSubsampling):
         return x, None if lengths is None else self.output_lengths(lengths)
 
 
-class ContextAttention(RelPositionMultiHeadAttention):
+class ContextAttention(Versioned, RelPositionMultiHeadAttention):
     """Rel-pos attention whose keys / values may start with cached left-context frames.
 
     Keys and values of a frame do not depend on where it sits (the position enters through
@@ -170,19 +170,17 @@ class ContextAttention(RelPositionMultiHeadAttention):
         to at every call), kept for the last length: once the left context is full, every
         frame of a stream has the same relative positions, so their projection is done once
         (one per thread: arrays left lazy belong to the thread that made them)."""
-        weight = self.linear_pos.weight
-        memo = self.__dict__.get("_pos_memo")
+
+        def build():
+            B, P, _ = pos_emb.shape
+            p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
+            return mx.contiguous(p.transpose(0, 2, 3, 1))
+
+        memo = self.__dict__.get("_positions")
         if memo is None:
-            memo = threading.local()
-            object.__setattr__(self, "_pos_memo", memo)
-        key = getattr(memo, "key", None)
-        if key is not None and key[0] is weight and key[1:] == (pos_emb.shape, pos_emb.dtype):
-            return memo.value
-        B, P, _ = pos_emb.shape
-        p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
-        value = mx.contiguous(p.transpose(0, 2, 3, 1))
-        memo.key, memo.value = (weight, pos_emb.shape, pos_emb.dtype), value
-        return value
+            memo = Memo(self, per_thread=True)
+            object.__setattr__(self, "_positions", memo)
+        return memo.get(build, (pos_emb.shape, pos_emb.dtype))
 
     def __call__(self, x, pos, mask=None, cache_kv=None, valid=None):
         """``pos`` is the projected positional embedding (:meth:`positions`): the caller
@@ -212,7 +210,7 @@ class ContextAttention(RelPositionMultiHeadAttention):
         return self.linear_out(o), (k, v)
 
 
-class CausalConvolution(ConformerConvolution):
+class CausalConvolution(Versioned, ConformerConvolution):
     """Conformer convolution module whose causal left padding comes from a cache."""
 
     def __call__(self, x, context=None, valid=None):
@@ -241,16 +239,43 @@ class LayerCache:
 
 @dataclass
 class EncoderCache:
-    """Left context of every layer after ``offset`` encoder frames."""
+    """Left context of every layer after ``offset`` encoder frames (one stream; a batch keeps
+    one per row in a :class:`~.caches.RowCaches`)."""
 
     layers: List[LayerCache]
     offset: int = 0
 
-    def arrays(self):
+    def arrays(self) -> List[mx.array]:
         return [a for c in self.layers for a in (c.keys, c.values, c.conv) if a is not None]
 
+    @property
+    def state(self):
+        return [(c.keys, c.values, c.conv) for c in self.layers]
 
-class ConformerLayer(ConformerBlock):
+    @state.setter
+    def state(self, v):
+        self.layers = [LayerCache(*kvc) for kvc in v]
+
+    @property
+    def meta_state(self):
+        return str(self.offset)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        self.offset = int(v)
+
+    def empty(self) -> bool:
+        return self.offset == 0
+
+    def size(self) -> int:
+        return self.layers[0].context if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+
+class ConformerLayer(Versioned, ConformerBlock):
     def __init__(self, args: ConformerArgs):
         super().__init__(args)
         self.self_attn = ContextAttention(args.n_heads, args.d_model, bias=args.use_bias)
@@ -285,12 +310,8 @@ def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, 
     return mx.where(ok, 0.0, NEG_INF)
 
 
-class FastConformer(nn.Module):
+class FastConformer(Versioned, nn.Module):
     """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention)."""
-
-    #: Run a stream's frames on a full left context through one compiled function
-    #: (:meth:`_frame`); set ``False`` to run every step op by op.
-    use_compiled_step = True
 
     def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
         super().__init__()
@@ -300,7 +321,7 @@ class FastConformer(nn.Module):
         self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
         self.pre_encode = Subsampling(args)
         self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
-        object.__setattr__(self, "_frame_fns", {})
+        object.__setattr__(self, "_frame_fns", {})  # phase -> Memo of the compiled frame
 
     @property
     def left_context(self) -> Optional[int]:
@@ -320,7 +341,8 @@ class FastConformer(nn.Module):
         """Run the layers over subsampled frames ``x`` [B, T, D] that follow ``cache.offset``
         frames already seen; returns the output and the advanced cache."""
         if self._steady(x, cache, lengths):
-            return self._frame(x, cache)
+            y, (cache,) = self._frame(x, [cache])
+            return y, cache
         left, right = self.cfg.att_context_size
         T = x.shape[1]
         ctx = cache.layers[0].context
@@ -344,10 +366,13 @@ class FastConformer(nn.Module):
 
     def _steady(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array]) -> bool:
         """One frame, no padding, every layer's left context full: from such a frame to the
-        next every shape in :meth:`step` is the same, so it can run compiled. CPU only: the
-        bits of the compiled path are tested against the op-by-op one there."""
+        next every shape in :meth:`step` is the same, so it can run compiled (the
+        ``encoder.frame`` fast path). CPU only: the bits of the compiled path are tested
+        against the op-by-op one there."""
         left = self.left_context
-        if not self.use_compiled_step or lengths is not None or x.shape[1] != 1 or not left:
+        if not fastpaths.enabled("encoder.frame") or lengths is not None or x.shape[1] != 1:
+            return False
+        if not left:
             return False
         if mx.default_device().type != mx.DeviceType.cpu:
             return False
@@ -378,23 +403,49 @@ class FastConformer(nn.Module):
 
         return mx.compile(run)
 
-    def _frame(self, x: mx.array, cache: EncoderCache):
-        """:meth:`step` on a steady frame (see :meth:`_steady`) as one compiled call. At the
-        benchmark's medium scale (24 layers, width 128) the step is some 4800 small operations
-        whose dispatch outweighs their arithmetic on a CPU; compiled, the graph is built by
-        Python once and its elementwise runs fuse (2600 operations): 33 -> 24 ms per frame
-        on a quiet 2-core CPU. Bit-identical to the op-by-op path (tested)."""
-        phase = cache.offset % (self.cfg.att_context_size[1] + 1)
-        frozen = self._frame_fns.get(phase)
-        if frozen is None:
-            frozen = FrozenCompile(lambda: self._frame_fn(phase), lambda: [self])
-            self._frame_fns[phase] = frozen
-        fn = frozen.get()
+    def _frame(self, x: mx.array, caches: Sequence[EncoderCache]):
+        """:meth:`step` on a steady frame of each row of ``x`` ``[B, 1, D]`` (each row's cache
+        steady, all at one phase of the chunk; see :meth:`_steady`) as one compiled call: the
+        graph is built by Python once and its elementwise runs fuse. Bit-identical to the
+        op-by-op path on each row alone (tested)."""
+        phase = caches[0].offset % (self.cfg.att_context_size[1] + 1)
+        memo = self._frame_fns.get(phase)
+        if memo is None:
+            memo = self._frame_fns[phase] = Memo(self)
+        fn = memo.get(lambda: self._frame_fn(phase))
         pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
         pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
-        x, *arrays = fn(x, *pos, *cache.arrays())
-        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
-        return x, EncoderCache(layers, cache.offset + 1)
+        per_row = [c.arrays() for c in caches]
+        arrays = per_row[0] if len(caches) == 1 else [mx.concatenate(a, axis=0) for a in zip(*per_row)]
+        x, *arrays = fn(x, *pos, *arrays)
+        out = []
+        for b, c in enumerate(caches):
+            mine = arrays if len(caches) == 1 else [a[b : b + 1] for a in arrays]
+            layers = [LayerCache(*mine[i : i + 3]) for i in range(0, len(mine), 3)]
+            out.append(EncoderCache(layers, c.offset + 1))
+        return x, out
+
+    def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
+        """One frame of each of ``B`` streams: ``x`` ``[B, 1, D]`` (subsampled), each row on its
+        own cache. Rows whose contexts are full run together (compiled); rows still filling
+        their context (their shapes differ) run one by one."""
+        steady = [
+            i for i, c in enumerate(caches)
+            if self._steady(x[i : i + 1], c, None)
+            and c.offset % (self.cfg.att_context_size[1] + 1) == caches[0].offset % (self.cfg.att_context_size[1] + 1)
+        ]
+        outs: List[Optional[mx.array]] = [None] * len(caches)
+        new: List[Optional[EncoderCache]] = [None] * len(caches)
+        if steady:
+            xs = x if len(steady) == len(caches) else x[mx.array(steady)]
+            y, done = self._frame(xs, [caches[i] for i in steady])
+            for j, i in enumerate(steady):
+                outs[i], new[i] = y[j : j + 1], done[j]
+        for i, c in enumerate(caches):
+            if new[i] is None:
+                outs[i], new[i] = self.step(x[i : i + 1], c)
+        y = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+        return y, new
 
     def __call__(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
         """``mel`` [B, T_mel, n_mels] -> (encoded [B, T', d_model], lengths [B])."""
@@ -430,7 +481,7 @@ class FastConformer(nn.Module):
 # --- perception --------------------------------------------------------------------------------
 
 
-class Perception(nn.Module):
+class Perception(Versioned, nn.Module):
     """``stt_model.perception``: log-mel -> FastConformer -> ``proj`` (the LLM audio channel)."""
 
     def __init__(self, audio_config: AudioConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):

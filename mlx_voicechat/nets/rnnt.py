@@ -4,6 +4,11 @@ The prediction and joint networks are mlx-audio's (``mlx_audio.stt.models.nemotr
 The greedy loop follows NeMo's ``GreedyRNNTInfer`` token for token and, like TensorRT Edge-LLM's
 runtime, never reruns the prediction network on a blank: its output for the current token is
 kept until a non-blank is emitted, so it runs exactly (emitted tokens + 1) times.
+
+A live frame decodes its encoder frame on the device instead (:func:`frame_greedy`, the
+``rnnt.frame`` fast path): the same rule unrolled to ``max_symbols`` steps, every row of a
+batch with its own prediction state, each step's prediction adopted only where it emitted, so
+the frame's tokens come out with the frame and no host read is needed between symbols.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
 from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNetwork
 
 from ..config import RNNTDecoderConfig, RNNTJointConfig
+from . import fastpaths
+from .version import Memo, Versioned
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
 LOOKAHEAD_FRAMES = 16
@@ -24,7 +31,7 @@ LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
 
 
-class StackedLSTM(LSTM):
+class StackedLSTM(Versioned, LSTM):
     """mlx-audio's stacked LSTM, fed batch-first: its time-major transpose makes
     ``nn.LSTM`` read the time axis as the batch, which is only right for one step."""
 
@@ -38,7 +45,7 @@ class StackedLSTM(LSTM):
         return x, (mx.stack(next_h), mx.stack(next_c))
 
 
-class RNNTDecoder(PredictNetwork):
+class RNNTDecoder(Versioned, PredictNetwork):
     """``stt_model.rnnt_decoder``: embedding (+ the blank row) and the stacked LSTM.
 
     ``__call__(y [B, U] or None, state)`` -> (outputs [B, U, H], (h, c) each [layers, B, H]);
@@ -59,7 +66,7 @@ class RNNTDecoder(PredictNetwork):
         return self.prediction["dec_rnn"](x, state)
 
 
-class RNNTJoint(JointNetwork):
+class RNNTJoint(Versioned, JointNetwork):
     """``stt_model.rnnt_joint``: enc / pred Linear, activation, ``joint_net.2`` to vocab + blank."""
 
     def __init__(self, cfg: RNNTJointConfig):
@@ -82,6 +89,68 @@ class RNNTJoint(JointNetwork):
         for layer in self.joint_net:
             x = layer(x)
         return x
+
+
+def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
+    """Greedy transducer decoding of one encoder frame per row, on the device.
+
+    ``enc_proj`` ``[B, J]`` (the joint's projection of each row's frame), ``h`` / ``c``
+    ``[layers, B, H]`` (the prediction network's state after each row's last token), ``pred``
+    ``[B, J]`` (its projected output). Returns ``labels`` ``[B, steps]`` (each row's tokens
+    in order, then ``blank``), and the new ``h``, ``c``, ``pred``. At most ``steps`` tokens per
+    frame (``max_symbols``): the frame then advances, as :func:`greedy_decode` does."""
+    B = enc_proj.shape[0]
+    active = mx.ones((B,), dtype=mx.bool_)
+    labels = []
+    for _ in range(steps):
+        k = mx.argmax(joint.logits(enc_proj, pred), axis=-1).astype(mx.int32)
+        emit = active & (k != blank)
+        labels.append(mx.where(emit, k, blank))
+        out, (h2, c2) = decoder(k[:, None], (h, c))
+        pred2 = joint.project_prediction(out[:, -1])
+        keep = emit[None, :, None]
+        h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
+        pred = mx.where(emit[:, None], pred2, pred)
+        active = emit
+    return mx.stack(labels, axis=1), h, c, pred
+
+
+class FrameDecoder:
+    """:func:`frame_greedy` for a decoder / joint pair, compiled (``rnnt.frame``), and the
+    prediction state a stream starts from."""
+
+    def __init__(self, decoder, joint: "RNNTJoint", max_symbols: Optional[int]):
+        if max_symbols is None or max_symbols < 1:
+            raise ValueError(
+                f"live RNNT decoding needs max_symbols >= 1 per frame, got {max_symbols!r}"
+            )
+        self.decoder, self.joint = decoder, joint
+        self.blank, self.steps = joint.blank_id, int(max_symbols)
+        self._compiled = Memo(decoder, joint)
+        self._start = Memo(decoder, joint)
+
+    def start(self):
+        """``(h, c, pred)`` of a stream before its first token: ``[layers, 1, H]`` twice and
+        ``[1, J]`` (the start symbol's prediction)."""
+
+        def build():
+            out, (h, c) = self.decoder(None, None)
+            state = (h, c, self.joint.project_prediction(out[:, -1]))
+            mx.eval(*state)
+            return state
+
+        return self._start.get(build)
+
+    def __call__(self, enc_proj, h, c, pred):
+        if not fastpaths.enabled("rnnt.frame"):
+            return frame_greedy(self.decoder, self.joint, enc_proj, h, c, pred, self.blank, self.steps)
+        fn = self._compiled.get(
+            lambda: mx.compile(
+                lambda e, h, c, p: frame_greedy(self.decoder, self.joint, e, h, c, p, self.blank, self.steps)
+            ),
+            (self.blank, self.steps),
+        )
+        return fn(enc_proj, h, c, pred)
 
 
 def greedy_decode(

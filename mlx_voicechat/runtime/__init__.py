@@ -1,3 +1,5 @@
-"""Running the model: ``audio`` (reading and writing audio), ``duplex`` (the per-frame step and
-offline generate), ``session`` (the streaming session, with ``frontend`` for incremental
-listening and ``textstream`` for incremental text) and ``transcribe`` (the RNNT transcript)."""
+"""Running the model: ``request`` (a conversation's options, checked once), ``framestate`` (what
+conversations carry between frames) and ``step`` (the one frame step), ``generate`` (offline),
+``batch`` / ``session`` (live conversations, with ``audioin``, ``live`` and ``events``),
+``transcribe`` (the RNNT transcript), ``audio`` (reading and writing audio) and ``textstream``
+(incremental text)."""

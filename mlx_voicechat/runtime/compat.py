@@ -24,10 +24,10 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
-from .duplex import GenerationError
+from ..errors import GenerationError
 from .events import FrameEvent
 from .generate import GenerationResult
-from .session import SessionError
+from ..errors import SessionError
 
 #: The ``kind`` values of :class:`VoiceChatEvent`, as in mlx-audio.
 EVENT_KINDS = (

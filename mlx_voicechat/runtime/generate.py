@@ -1,37 +1,32 @@
-"""Offline generation: the whole input through the per-frame step of :mod:`.duplex`.
+"""Offline generation: the whole input through the one frame step of :mod:`.step`.
 
 Perception runs once over the input (with the trailing silence), the frames run pipelined
-(``duplex.run_frames``), the codec decodes all codes at once and the RNNT decodes the whole
-encoder output; the result holds the three texts, the per-frame ids and codes, and the reply.
+(:func:`run_frames`: each frame queued before the one ``LOOKAHEAD`` frames back is read), the
+codec decodes all codes at once and the RNNT decodes the whole encoder output; the result
+holds the three texts, the per-frame ids and codes, and the reply.
 """
 
 from __future__ import annotations
 
 import functools
 import numbers
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
 
+from ..errors import GenerationError
 from ..nets.codec import replace_control_codes
-from ..nets.layout import use_cpu_layout
 from ..nets.rnnt import decode_pieces, greedy_decode
 from ..noise import NoiseSource
 from .audio import AudioError, load_audio, save_wav
-from .duplex import (
-    GenerationError,
-    check_extra_seconds,
-    check_prompt_ids,
-    check_seed,
-    prompt_ids,
-    resolve_system_prompt,
-    run_frames,
-    start_session,
-)
+from .framestate import FrameState, open_state
+from .request import check_extra_seconds, resolve
+from .step import step
 from .threads import note_mlx_thread
-from .tools import calls_in, prepare_tools
+from .tools import calls_in
 
 
 @dataclass
@@ -94,17 +89,17 @@ def listen(
     audio,
     extra_decoding_seconds: float = 0.0,
     source_rate: Optional[int] = None,
-    max_frames: Optional[int] = None,
+    request=None,
     keep_frames: Optional[int] = None,
 ):
     """Spec steps 1-2: samples (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
 
-    ``max_frames`` bounds the frames (audio + silence) before anything is allocated;
+    With ``request``, audio that cannot fit in the LLM's context after its prompt is refused
+    before anything is allocated, and again exactly once the frames are known;
     ``keep_frames`` keeps only the first frames (the encoder is causal: the samples past them
     are dropped before it runs, with two frames of margin)."""
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
     note_mlx_thread()
-    use_cpu_layout(model)
     rate = model.config.input_sample_rate
     samples = load_audio(audio, rate, source_rate)
     pad = int(round(extra_decoding_seconds * rate))
@@ -112,17 +107,13 @@ def listen(
         keep = (keep_frames + 2) * model.config.input_samples_per_frame
         samples = samples[:keep]
         pad = max(0, min(pad, keep - len(samples)))
-    if max_frames is not None:
+    what = (
+        f"the audio ({len(samples) / rate:.2f} s) and extra_decoding_seconds "
+        f"({extra_decoding_seconds:g} s)"
+    )
+    if request is not None:
         # The encoder emits about one frame per input_samples_per_frame (one more at most).
-        frames = (len(samples) + pad) // model.config.input_samples_per_frame
-        limit = model.config.text_args.max_position_embeddings
-        prompt_tokens = limit - max_frames
-        if frames > max_frames + 1:
-            raise GenerationError(
-                f"the system prompt ({prompt_tokens} tokens), the audio ({len(samples) / rate:.2f}"
-                f" s) and extra_decoding_seconds ({extra_decoding_seconds:g} s) need about "
-                f"{prompt_tokens + frames} positions; the LLM's context is {limit}"
-            )
+        request.check_frames((len(samples) + pad) // model.config.input_samples_per_frame - 1, what)
     if pad:
         samples = np.concatenate([samples, np.zeros(pad, dtype=np.float32)])
     projected, lengths, encoded = model.stt_model.perception(mx.array(samples)[None])
@@ -131,7 +122,41 @@ def listen(
         raise AudioError(f"the audio is too short: {len(samples)} samples give no 80 ms frame")
     if keep_frames is not None:
         F = min(F, keep_frames)
+    if request is not None:
+        request.check_frames(F, what)
     return projected[:, :F], encoded[:, :F], F
+
+
+#: How many frames are queued ahead of the host in :func:`run_frames`.
+LOOKAHEAD = 2
+
+
+def run_frames(
+    model,
+    state: FrameState,
+    frames: mx.array,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> Tuple[List[Tuple[int, int]], List[mx.array]]:
+    """The frame step over every row of ``frames`` ``[1, F, H]``: each frame is queued
+    ``LOOKAHEAD`` frames before its ids are read (its LLM reads the previous ids on the
+    device, its speech runs on the speech stream beside the next frames' LLM). Returns the
+    ``(text, function)`` ids and the code frame ``[1, Q]`` of each frame."""
+    F = frames.shape[1]
+    ids: List[Tuple[int, int]] = []
+    codes: List[mx.array] = []
+    pending: deque = deque()
+    for i in range(F):
+        out = step(model, state, frames[:, i : i + 1])
+        mx.async_eval(out.ids, out.codes)
+        pending.append(out)
+        codes.append(out.codes)
+        if len(pending) > LOOKAHEAD:
+            ids.append(tuple(pending.popleft().ids[0].tolist()))  # a frame's one host read
+        if progress is not None:
+            progress(i + 1, F)
+    while pending:
+        ids.append(tuple(pending.popleft().ids[0].tolist()))
+    return ids, codes
 
 
 def generate(
@@ -157,8 +182,6 @@ def generate(
     its trailing silence). ``system_prompt=None`` is :data:`DEFAULT_SYSTEM_PROMPT`, ``""`` none.
     A model runs one call at a time, from any thread."""
     cfg = model.config
-    if noise is None:
-        seed = check_seed(seed)
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
     if max_frames is not None and (
         isinstance(max_frames, bool)
@@ -166,33 +189,14 @@ def generate(
         or max_frames < 1
     ):
         raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
-    if prompt is None:
-        system_prompt = resolve_system_prompt(system_prompt)
-    if isinstance(prompt, (str, bytes)):
-        raise GenerationError("prompt= takes token ids; pass a text prompt as system_prompt=")
-    if tools and prompt is not None:
-        raise GenerationError("tools are rendered into the system prompt text: pass "
-                              "system_prompt with tools, not prompt ids")
-    system_prompt, _, parser = prepare_tools(model, system_prompt, tools, seed if noise is None else 0)
-    if prompt is not None:
-        ids = check_prompt_ids(model, prompt)
-    else:
-        ids = prompt_ids(model, system_prompt)
-    limit = cfg.text_args.max_position_embeddings
+    request = resolve(model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise)
     projected, encoded, F = listen(
-        model, audio, extra_decoding_seconds, source_rate, max_frames=limit - len(ids),
-        keep_frames=max_frames,
+        model, audio, extra_decoding_seconds, source_rate, request=request, keep_frames=max_frames
     )
-    if len(ids) + F > limit:
-        raise GenerationError(
-            f"the system prompt ({len(ids)} tokens) and the audio ({F} frames) need "
-            f"{len(ids) + F} positions; the LLM's context is {limit}"
-        )
-    cache = start_session(model, ids, noise=noise, seed=seed, progress=prompt_progress)
-    outputs, cache = run_frames(model, cache, projected, progress)
-    text_ids = [o.text_id for o in outputs]
-    function_ids = [o.function_id for o in outputs]
-    codes = [o.codes for o in outputs]
+    state = open_state(model, request, progress=prompt_progress)
+    ids, codes = run_frames(model, state, projected, progress)
+    text_ids = [t for t, _ in ids]
+    function_ids = [f for _, f in ids]
     speech = model.tts_model
     all_codes = mx.concatenate(codes, axis=0)[None]  # [1, F, Q]
     all_codes = replace_control_codes(all_codes, speech.control_codes, speech.codec_silence_tokens)
@@ -204,7 +208,7 @@ def generate(
         cfg.audio_config.max_symbols,
     )
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
-    calls, call_errors = calls_in(parser, function_ids)
+    calls, call_errors = calls_in(request.parser, function_ids)
     return GenerationResult(
         user_transcript=transcript,
         text=reply_text(model, text_ids),

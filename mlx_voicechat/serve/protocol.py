@@ -19,7 +19,7 @@ import logging
 import secrets
 from typing import Dict, List, Optional, Tuple
 
-from ..runtime.duplex import resolve_system_prompt
+from ..runtime.request import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
 from .responses import Responses
 from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)

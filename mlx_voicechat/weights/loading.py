@@ -316,6 +316,6 @@ def load(
     model.eval()
     if not lazy:
         mx.eval(model.parameters())
-        use_cpu_layout(model)  # lazy: on first use
+        use_cpu_layout(model)  # once, at load (a lazy model keeps the checkpoint's layout)
     attach_assets(model, folder, tokenizer)
     return model

@@ -1,0 +1,162 @@
+"""Batch forms of per-conversation state, with mlx-lm's cache protocol.
+
+Every conversation's state is a tree of caches (``runtime.framestate``); a batch of
+conversations is the same tree with one row per conversation, and each cache offers what
+mlx-lm's caches offer for that (``state`` / ``meta_state`` for snapshots, ``filter``,
+``extend``, ``extract``, ``merge``). Fixed-size state (Mamba, LSTM, codec and flag arrays) is
+kept as mlx-lm's :class:`ArraysCache` with one row per conversation along axis 0.
+
+State that grows with the conversation (attention keys / values) is :class:`RowCaches`: each
+row keeps its own mlx-lm cache, exactly as a conversation alone keeps it, and attention runs
+row by row over it (the projections around it run for all rows at once). A batched cache
+with left padding (mlx-lm's ``BatchKVCache``) would give the same bits while rows only
+append, but a sliding-window cache that has wrapped sums its keys in the order of its ring
+buffer, which differs between rows that joined at different times, and rows of a batch that
+step at different times would need holes: per-row caches keep every row's arithmetic the
+one it has alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, _BaseCache
+
+
+class RowCaches(_BaseCache):
+    """One cache object per row (a list with mlx-lm's batch protocol).
+
+    A single row also answers ``update_and_fetch`` / ``make_mask`` / ``offset`` like the cache
+    it holds, so multi-position calls of mlx-lm blocks (a prompt's prefill) run on it."""
+
+    def __init__(self, rows: Sequence[Any]):
+        self.rows = list(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.rows[i]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    # -- one row used as its cache ---------------------------------------------------------
+
+    def _single(self):
+        if len(self.rows) != 1:
+            raise ValueError(f"a {len(self.rows)}-row cache runs attention row by row")
+        return self.rows[0]
+
+    def update_and_fetch(self, keys, values):
+        return self._single().update_and_fetch(keys, values)
+
+    def make_mask(self, *args, **kwargs):
+        return self._single().make_mask(*args, **kwargs)
+
+    @property
+    def offset(self):
+        return self._single().offset
+
+    @property
+    def keys(self):
+        return self._single().keys
+
+    @property
+    def values(self):
+        return self._single().values
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    @property
+    def state(self):
+        return [c.state for c in self.rows]
+
+    @state.setter
+    def state(self, v):
+        for c, s in zip(self.rows, v):
+            c.state = s
+
+    @property
+    def meta_state(self):
+        return [getattr(c, "meta_state", "") for c in self.rows]
+
+    def filter(self, batch_indices) -> None:
+        self.rows = [self.rows[int(i)] for i in _indices(batch_indices)]
+
+    def extend(self, other: "RowCaches") -> None:
+        self.rows = self.rows + list(other.rows)
+
+    def extract(self, idx: int) -> "RowCaches":
+        return RowCaches([self.rows[idx]])
+
+    @classmethod
+    def merge(cls, caches: Sequence["RowCaches"]) -> "RowCaches":
+        return cls([r for c in caches for r in c.rows])
+
+    def empty(self) -> bool:
+        return all(c.empty() for c in self.rows)
+
+    def size(self) -> int:
+        return max((c.size() for c in self.rows), default=0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.rows)
+
+
+def _indices(batch_indices) -> List[int]:
+    if isinstance(batch_indices, mx.array):
+        return [int(i) for i in batch_indices.tolist()]
+    return [int(i) for i in batch_indices]
+
+
+def arrays_cache(*arrays: mx.array) -> ArraysCache:
+    """An :class:`ArraysCache` holding ``arrays`` (rows along axis 0)."""
+    c = ArraysCache(len(arrays))
+    c.cache = list(arrays)
+    return c
+
+
+def take_rows(cache: Any, idx: Sequence[int]) -> Any:
+    """A new cache with rows ``idx`` of ``cache`` (arrays gathered, row objects shared)."""
+    if isinstance(cache, RowCaches):
+        return RowCaches([cache.rows[i] for i in idx])
+    if isinstance(cache, ArraysCache):
+        rows = mx.array(list(idx), dtype=mx.int32)
+        return arrays_cache(*[None if a is None else a[rows] for a in cache.cache])
+    if hasattr(cache, "take_rows"):
+        return cache.take_rows(idx)
+    raise TypeError(f"no rows to take from a {type(cache).__name__}")
+
+
+def put_rows(cache: Any, idx: Sequence[int], part: Any) -> None:
+    """Write ``part`` (what :func:`take_rows` gave, advanced) back into rows ``idx``."""
+    if isinstance(cache, RowCaches):
+        for i, row in zip(idx, part.rows):
+            cache.rows[i] = row
+        return
+    if isinstance(cache, ArraysCache):
+        rows = mx.array(list(idx), dtype=mx.int32)
+        for k, a in enumerate(part.cache):
+            if a is not None:
+                full = mx.array(cache.cache[k])  # a new object: others may hold the old one
+                full[rows] = a
+                cache.cache[k] = full
+        return
+    if hasattr(cache, "put_rows"):
+        cache.put_rows(idx, part)
+        return
+    raise TypeError(f"no rows to put into a {type(cache).__name__}")
+
+
+def cache_arrays(cache: Any) -> List[mx.array]:
+    """Every array of a cache's ``state`` (nested states included)."""
+    try:
+        state = cache.state
+    except Exception:  # an mlx-lm cache that holds nothing yet has no state
+        return []
+    return [a for _, a in tree_flatten(state) if isinstance(a, mx.array)]

@@ -1,0 +1,369 @@
+"""Batched live sessions: every conversation of a model advanced by one forward per frame.
+
+``batch = model.session_batch(max_sessions=8)``; ``s = batch.open(...)`` opens a conversation
+(a :class:`SessionHandle`); ``s.push(samples)`` buffers audio; ``batch.step()`` runs every frame
+that is ready, the conversations that have one in one batched frame per round, until none has
+a complete frame, and returns each conversation's events. ``model.session()`` is a batch of
+one (:class:`~.session.Session`): the same code for one conversation or many.
+
+A conversation joins the way mlx-lm's ``BatchGenerator`` adds a request: its first frame (the
+prompt's prefill, or position 0's silence) runs alone from the cached post-prompt state, then
+its rows are merged into the batch's frame state; it leaves by ``filter``. A round in which
+only some conversations have a frame runs those rows (gathered, then written back). Each round
+is queued before the previous one is read, and read once: one host read per batched frame.
+Every row computes what it computes alone, so each conversation's events equal the same
+conversation run through ``model.session()`` (bit for bit with MLX's CPU BLAS; see
+``nets.caches``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import SessionError
+from ..nets.caches import take_rows
+from .audioin import AudioIn
+from .events import EventBook, FrameEvent, Queued
+from .framestate import NO_ID, FrameState, open_live, open_state
+from .live import ReadLayout, queue_frame, read
+from .request import check_extra_seconds, resolve
+from .state import memory_per_minute
+from .threads import note_mlx_thread
+from .tools import ToolError, tool_result_ids
+
+
+class SessionHandle:
+    """One conversation of a :class:`SessionBatch`: the input side of a session. Use it (and
+    its batch) from one thread at a time, any thread."""
+
+    def __init__(self, batch: "SessionBatch", request):
+        self.batch = batch
+        model = batch.model
+        cfg = model.config
+        self.request = request
+        self.prompt_ids = request.prompt_ids
+        self.tools = request.tools
+        self.seed = request.seed
+        self.max_frames = request.max_frames
+        self.input_sample_rate = cfg.input_sample_rate
+        self.output_sample_rate = cfg.output_sample_rate
+        self.samples_per_frame = model.tts_model.audio_codec.samples_per_frame
+        self.input_samples_per_frame = cfg.input_samples_per_frame
+        self.audio = AudioIn(model.stt_model.perception, cfg.input_sample_rate)
+        self.book = EventBook(model, request.parser)
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        model = self.batch.model
+        self.state: Optional[FrameState] = open_live(model, open_state(model, self.request))
+        self.audio.reset()
+        self.book.reset()
+        self.frames = 0  # frames handed out
+        self.queued = 0  # frames queued on the device
+        self._finished: Optional[str] = None  # why the conversation stopped taking input
+        self._input_ended = False
+        self._remainder = False  # finish() made no frame: hand out the stream's end alone
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def joined(self) -> bool:
+        return self.state is None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def finished(self) -> Optional[str]:
+        return self._finished
+
+    @property
+    def speaking(self) -> bool:
+        return self.book.speaking
+
+    @property
+    def tool_frames(self) -> int:
+        return self.book.tool_frames
+
+    @property
+    def transcript_tokens(self) -> List[int]:
+        return self.book.transcript_tokens
+
+    @property
+    def pending_samples(self) -> int:
+        """16 kHz samples received that are not yet part of an emitted frame."""
+        return max(self.audio.mel.received - self.frames * self.input_samples_per_frame, 0)
+
+    def samples_needed(self, k: int) -> int:
+        """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
+        return self.audio.mel.samples_needed(k)
+
+    @property
+    def ready_before_slot_end(self) -> int:
+        """How many samples before the end of its 80 ms slot a frame is computed (1081)."""
+        return self.input_samples_per_frame - self.audio.mel.samples_needed(0)
+
+    def memory_per_minute(self) -> dict:
+        """Bytes the conversation's caches grow by per minute (see the README)."""
+        return memory_per_minute(self.batch.model)
+
+    @property
+    def ready(self) -> bool:
+        """Whether a frame is ready to run."""
+        return not self._closed and self._finished is None and self.audio.mel.ready > 0
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionError("the session is closed")
+
+    def _check_input(self) -> None:
+        self._check_open()
+        if self._finished is not None:
+            raise SessionError(
+                f"the session has ended ({self._finished}); call reset() to start a new conversation"
+            )
+        if self._input_ended:
+            raise SessionError("the input has ended (finish() was called); call reset() to start again")
+
+    # -- input -----------------------------------------------------------------------------
+
+    def push(self, samples, sample_rate: Optional[int] = None) -> None:
+        """Add mono audio (int or float PCM, at 16 kHz or ``sample_rate``); computes nothing."""
+        self._check_input()
+        self.audio.push(samples, sample_rate)
+
+    def silence(self, frames: int) -> None:
+        """Advance the clock by ``frames`` 80 ms frames of silent input."""
+        if isinstance(frames, bool) or not isinstance(frames, numbers.Integral) or frames < 0:
+            raise SessionError(f"silence takes a number of frames >= 0, got {frames!r}")
+        self._check_input()
+        self.audio.push_silence(int(frames) * self.input_samples_per_frame)
+
+    def finish(self, extra_decoding_seconds: float = 3.0) -> None:
+        """End of the user's input: ``extra_decoding_seconds`` of trailing silence so the reply
+        can finish, then the frames that the end of input makes final; the last carries the
+        codec's tail. The frames run with the next ``step``."""
+        self._check_input()
+        extra = check_extra_seconds(extra_decoding_seconds)
+        rate = self.input_sample_rate
+        room = (self.max_frames - self.queued + 1) * self.input_samples_per_frame
+        pad = min(int(round(extra * rate)), max(room, 0))
+        self.audio.drain_resamplers()
+        self.audio.push_silence(pad)
+        self.audio.mel.finish()
+        self._input_ended = True
+        if self.audio.mel.ready == 0 and self.frames and self.queued == self.frames:
+            self._remainder = True
+
+    # -- control -----------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Barge-in: from the next frame the text channel is fed the silence id (so nothing is
+        spoken) until the model starts a new turn (its text head gives BOS)."""
+        self._check_open()
+        self.batch._set_quiet(self)
+
+    def force(self, text_id: Optional[int] = None, function_id: Optional[int] = None) -> None:
+        """Queue ids to feed back on the next frame instead of the heads' (None: the head's)."""
+        self._check_open()
+        vocab = self.batch.model.config.text_args.vocab_size
+        for v in (text_id, function_id):
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < vocab
+            if v is not None and not ok:
+                raise SessionError(f"forced ids must be ints in [0, {vocab}), got {v!r}")
+        self.book.forced.append((text_id, function_id))
+
+    def add_tool_result(self, call_id: str, output: Any) -> int:
+        """Queue a tool's result for the call ``call_id``; from the next frame on it is fed to
+        the model one token per frame on the function channel (the text channel gets pad, so
+        nothing is spoken meanwhile). Returns how many frames it takes."""
+        self._check_open()
+        if self.book.parser is None:
+            raise ToolError("this session has no tools; open it with model.session(..., tools=[...])")
+        ids = tool_result_ids(self.batch.model.tokenizer, output)
+        self.book.add_tool_result(call_id, ids)
+        return len(ids)
+
+    def reset(self) -> None:
+        """Back to the state right after the system prompt (a new conversation)."""
+        self._check_open()
+        self.batch._leave(self)
+        self._start()
+
+    def close(self) -> None:
+        if not self._closed:
+            self.batch._leave(self)
+            self.batch._handles.remove(self)
+        self._closed = True
+        self.state = None
+
+
+class SessionBatch:
+    """Live conversations of one model, stepped together (see the module docstring)."""
+
+    def __init__(self, model, max_sessions: int = 8):
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, numbers.Integral) or max_sessions < 1:
+            raise SessionError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
+        self.model = model
+        self.max_sessions = int(max_sessions)
+        self.layout = ReadLayout(model)
+        self._handles: List[SessionHandle] = []
+        self._state: Optional[FrameState] = None  # the joined conversations' rows
+        self._rows: List[SessionHandle] = []  # who each row is
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    @property
+    def sessions(self) -> List[SessionHandle]:
+        return list(self._handles)
+
+    def open(
+        self,
+        system_prompt: Optional[str] = None,
+        *,
+        seed: int = 0,
+        noise=None,
+        prompt=None,
+        tools=None,
+        max_seconds=None,
+    ) -> SessionHandle:
+        """A new conversation; it joins at its first frame. A SessionError past ``max_sessions``."""
+        if len(self._handles) >= self.max_sessions:
+            raise SessionError(f"the batch holds its {self.max_sessions} sessions; close one first")
+        note_mlx_thread()
+        request = resolve(
+            self.model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise,
+            max_seconds=max_seconds,
+        )
+        codec = self.model.tts_model.audio_codec
+        codec.prepare_fast_step()  # so that no frame makes its own host sync for it
+        handle = SessionHandle(self, request)
+        self._handles.append(handle)
+        self._settle()
+        return handle
+
+    def feed(self, chunks: Dict[SessionHandle, Any], sample_rate: Optional[int] = None):
+        """``push`` each conversation's samples, then :meth:`step`."""
+        for handle, samples in chunks.items():
+            handle.push(samples, sample_rate)
+        return self.step()
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _join(self, handle: SessionHandle) -> None:
+        if self._state is None:
+            self._state = handle.state
+        else:
+            self._state.extend(handle.state)
+        self._rows.append(handle)
+        handle.state = None
+
+    def _leave(self, handle: SessionHandle) -> None:
+        if handle in self._rows:
+            keep = [i for i, h in enumerate(self._rows) if h is not handle]
+            self._rows = [self._rows[i] for i in keep]
+            if keep:
+                self._state.filter(keep)
+            else:
+                self._state = None
+
+    def _set_quiet(self, handle: SessionHandle) -> None:
+        state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
+        quiet = mx.array(state.flags.cache[0])
+        quiet[i] = True
+        state.flags.cache[0] = quiet
+
+    # -- frames ----------------------------------------------------------------------------
+
+    def step(self) -> Dict[SessionHandle, List[FrameEvent]]:
+        """Run every ready frame, round by round; each conversation's events in order."""
+        note_mlx_thread()
+        events: Dict[SessionHandle, List[FrameEvent]] = {h: [] for h in self._handles}
+        held = None  # the round queued last, not read yet
+        while True:
+            ready = [h for h in self._handles if h.ready]
+            if not ready:
+                break
+            queued = self._queue_round(ready)
+            if held is not None:
+                self._hand_out(held, events)
+            held = queued
+        if held is not None:
+            self._hand_out(held, events)
+        for h in list(self._handles):
+            if h._remainder:
+                events[h].append(self._remainder(h))
+            if h.finished is not None:
+                self._leave(h)
+        self._settle()
+        return events
+
+    def _settle(self) -> None:
+        """Schedule every array the next call reads (see ``FrameState.settle``)."""
+        arrays = [] if self._state is None else self._state.arrays()
+        for h in self._handles:
+            arrays += h.audio.mel.arrays() + ([] if h.state is None else h.state.arrays())
+        if arrays:
+            mx.async_eval(*arrays)
+
+    def _queue_round(self, ready: List[SessionHandle]):
+        """Queue one frame of each ready conversation: the joined ones in one batched frame,
+        a joining one alone (its first frame), then merged into the batch."""
+        joined = [h for h in ready if h.joined]
+        fresh = [h for h in ready if not h.joined]
+        packed, entries = [], []
+        if joined:
+            idx = [self._rows.index(h) for h in joined]
+            part = self._state.take(idx)
+            self._set_forced(part, joined, entries)
+            packed.append(queue_frame(self.model, part, [h.audio.mel.window() for h in joined], self.layout))
+            self._state.put(idx, part)
+        for h in fresh:
+            self._set_forced(h.state, [h], entries)
+            packed.append(queue_frame(self.model, h.state, [h.audio.mel.window()], self.layout))
+            self._join(h)
+        words = packed[0] if len(packed) == 1 else mx.concatenate(packed, axis=0)
+        return words, entries
+
+    def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries: list) -> None:
+        texts, functions = [], []
+        for h in handles:
+            text, function, forced, injected = h.book.next_forced()
+            texts.append(NO_ID if text is None else int(text))
+            functions.append(NO_ID if function is None else int(function))
+            h.queued += 1
+            ends = h.queued >= h.max_frames
+            if ends:
+                h._finished = "max_seconds"
+            tail = ends or (h._input_ended and h.audio.mel.ready == 1)  # its window is next
+            entries.append((h, Queued(h.queued - 1, forced, injected, ends, tail)))
+        if any(t != NO_ID for t in texts) or any(f != NO_ID for f in functions):
+            state.flags.cache[1] = mx.array(texts, dtype=mx.int32)
+            state.flags.cache[2] = mx.array(functions, dtype=mx.int32)
+
+    def _hand_out(self, held, events) -> None:
+        words, entries = held
+        rows = read(words)  # the round's one host read
+        for (h, q), row in zip(entries, rows):
+            if h.closed:
+                continue
+            events.setdefault(h, []).append(h.book.event(q, self.layout.unpack(row)))
+            h.frames += 1
+            if q.tail and h._finished is None:
+                h._finished = "finished"
+
+    def _remainder(self, h: SessionHandle) -> FrameEvent:
+        h._remainder = False
+        h._finished = "finished"
+        codec_cache = self._state.codec if h.joined else h.state.codec
+        if h.joined:
+            codec_cache = take_rows(codec_cache, [self._rows.index(h)])
+        tail = self.model.tts_model.audio_codec.decode_flush(codec_cache)[0].astype(mx.float32)
+        return h.book.remainder(h.frames - 1, read(mx.view(tail, mx.int32)).view(np.float32))
