@@ -14,7 +14,6 @@ from fastpath_utils import set_fastpath
 
 from mlx_voicechat import load
 from mlx_voicechat.nets.mog import CodeSampler, MoGHead
-from mlx_voicechat.nets.tts import EarTTS
 from mlx_voicechat.noise import KeyNoise, ReplayNoise, gumbel_from_uniform
 from mlx_voicechat.runtime.threads import note_mlx_thread
 

@@ -1,0 +1,408 @@
+"""Listening path, network 1 (its encoder): NeMo's causal FastConformer, chunked.
+
+The blocks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr``); this module adds what NeMo
+does differently (padded frames masked) and a chunked encoder: attention sees
+``att_context_size[0]`` frames to the left and none to the right and every convolution is
+causal, so running the layers chunk by chunk with a per-layer left-context cache gives the
+full-pass result while memory grows linearly with the input. A live stream runs it one frame
+at a time (:meth:`FastConformer.step_rows` for the rows of a batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_audio.stt.models.nemotron_asr.attention import (
+    RelPositionalEncoding,
+    RelPositionMultiHeadAttention,
+)
+from mlx_audio.stt.models.nemotron_asr.config import ConformerArgs
+from mlx_audio.stt.models.nemotron_asr.conformer import (
+    CausalDwStridingSubsampling,
+    ConformerBlock,
+    ConformerConvolution,
+)
+
+from ..config import EncoderConfig
+from . import fastpaths
+from .version import Memo, Versioned
+
+# Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
+DEFAULT_CHUNK_FRAMES = 256
+# Encoder frames of left context fed to the subsampling convs of a chunk: their causal
+# receptive field reaches 2 frames back (each stride-2 stage looks 2 inputs to the left:
+# 2 + 4 + 8 = 14 mel frames for 3 stages, under 2 x 8), and each output is computed from its
+# window alone, so 2 give the full pass's bits (tested) with the least work per stream frame.
+PRE_ENCODE_CONTEXT = 2
+NEG_INF = -1e30
+
+
+def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
+    return ConformerArgs(
+        feat_in=cfg.feat_in,
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        ff_expansion_factor=cfg.ff_expansion_factor,
+        subsampling_factor=cfg.subsampling_factor,
+        subsampling_conv_channels=cfg.subsampling_conv_channels,
+        conv_kernel_size=cfg.conv_kernel_size,
+        causal_downsampling=cfg.causal_downsampling,
+        conv_context_size="causal",
+        conv_norm_type=cfg.conv_norm_type,
+        self_attention_model=cfg.self_attention_model,
+        att_context_style=cfg.att_context_style,
+        att_context_size=[list(cfg.att_context_size)],
+        pos_emb_max_len=cfg.pos_emb_max_len,
+        use_bias=cfg.use_bias,
+        xscaling=cfg.xscaling,
+    )
+
+
+class Subsampling(Versioned, CausalDwStridingSubsampling):
+    """Causal dw-striding subsampling; lengths computed on the device (no host sync)."""
+
+    def output_lengths(self, lengths: mx.array) -> mx.array:
+        for _ in range(self.sampling_num):
+            lengths = (
+                lengths + self.pad_left + self.pad_right - self.kernel_size
+            ) // self.stride + 1
+        return lengths
+
+    def __call__(self, x: mx.array, lengths: Optional[mx.array] = None):
+        x = x[..., None]
+        for i, layer in enumerate(self.conv):
+            if i in self._strided_idx:
+                pad = (self.pad_left, self.pad_right)
+                x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
+            x = layer(x)
+        b, t, f, c = x.shape
+        x = self.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        return x, None if lengths is None else self.output_lengths(lengths)
+
+
+class ContextAttention(Versioned, RelPositionMultiHeadAttention):
+    """Rel-pos attention whose keys / values may start with cached left-context frames.
+
+    Keys and values of a frame do not depend on where it sits (the position enters through
+    ``linear_pos``), so the left context's are cached as projected (``LayerCache.keys`` /
+    ``values``) and each call projects only its own frames."""
+
+    def positions(self, pos_emb: mx.array) -> mx.array:
+        """``linear_pos(pos_emb)`` per head as the right operand of the position scores,
+        ``[B, heads, head_dim, 2 T - 1]`` and contiguous (the layout the matmul would copy it
+        to at every call), kept for the last length: once the left context is full, every
+        frame of a stream has the same relative positions, so their projection is done once
+        (one per thread: arrays left lazy belong to the thread that made them)."""
+
+        def build():
+            B, P, _ = pos_emb.shape
+            p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
+            return mx.contiguous(p.transpose(0, 2, 3, 1))
+
+        memo = self.__dict__.get("_positions")
+        if memo is None:
+            memo = Memo(self, per_thread=True)
+            object.__setattr__(self, "_positions", memo)
+        return memo.get(build, (pos_emb.shape, pos_emb.dtype))
+
+    def __call__(self, x, pos, mask=None, cache_kv=None, valid=None):
+        """``pos`` is the projected positional embedding (:meth:`positions`): the caller
+        projects it, so that a compiled step can take the memoized projection as an input."""
+        B, Tq, _ = x.shape
+        H, d = self.n_head, self.head_dim
+        q = self.linear_q(x).reshape(B, Tq, H, d)
+        k = self.linear_k(x).reshape(B, Tq, H, d).transpose(0, 2, 1, 3)
+        v = self.linear_v(x).reshape(B, Tq, H, d).transpose(0, 2, 1, 3)
+        if cache_kv is not None:
+            k = mx.concatenate([cache_kv[0], k], axis=2)
+            v = mx.concatenate([cache_kv[1], v], axis=2)
+        Tk = k.shape[2]
+        q_u = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
+        q_v = (q + self.pos_bias_v).transpose(0, 2, 1, 3)
+        bd = q_v @ pos
+        if Tq > 1:  # the shift moves nothing for one query (it pads, then drops, one zero)
+            bd = self.rel_shift(bd)
+        bd = bd[..., :Tk] * self.scale
+        if mask is not None:
+            bd = bd + mask
+        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=self.scale, mask=bd)
+        o = o.transpose(0, 2, 1, 3).reshape(B, Tq, self.n_feat)
+        if valid is not None:
+            # NeMo masks every key of a padded query, and a fully masked row attends to nothing.
+            o = o * valid
+        return self.linear_out(o), (k, v)
+
+
+class CausalConvolution(Versioned, ConformerConvolution):
+    """Conformer convolution module whose causal left padding comes from a cache."""
+
+    def __call__(self, x, context=None, valid=None):
+        x = nn.glu(self.pointwise_conv1(x), axis=-1)
+        if valid is not None:
+            x = x * valid  # NeMo zeroes padded frames before the depthwise conv
+        if context is None:
+            context = mx.zeros((x.shape[0], self.pad_left, x.shape[2]), dtype=x.dtype)
+        x = mx.concatenate([context, x], axis=1)
+        new_context = x[:, x.shape[1] - self.pad_left :]
+        x = self.depthwise_conv(x)
+        x = self.pointwise_conv2(self.activation(self.batch_norm(x)))
+        return x, new_context
+
+
+@dataclass
+class LayerCache:
+    keys: Optional[mx.array] = None  # [B, heads, <= left context, head_dim], projected
+    values: Optional[mx.array] = None
+    conv: Optional[mx.array] = None  # [B, kernel - 1, D] GLU outputs
+
+    @property
+    def context(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+
+@dataclass
+class EncoderCache:
+    """Left context of every layer after ``offset`` encoder frames (one stream; a batch keeps
+    one per row in a :class:`~.caches.RowCaches`)."""
+
+    layers: List[LayerCache]
+    offset: int = 0
+
+    def arrays(self) -> List[mx.array]:
+        return [a for c in self.layers for a in (c.keys, c.values, c.conv) if a is not None]
+
+    @property
+    def state(self):
+        return [(c.keys, c.values, c.conv) for c in self.layers]
+
+    @state.setter
+    def state(self, v):
+        self.layers = [LayerCache(*kvc) for kvc in v]
+
+    @property
+    def meta_state(self):
+        return str(self.offset)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        self.offset = int(v)
+
+    def empty(self) -> bool:
+        return self.offset == 0
+
+    def size(self) -> int:
+        return self.layers[0].context if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+
+class ConformerLayer(Versioned, ConformerBlock):
+    def __init__(self, args: ConformerArgs):
+        super().__init__(args)
+        self.self_attn = ContextAttention(args.n_heads, args.d_model, bias=args.use_bias)
+        self.conv = CausalConvolution(args)
+
+    def __call__(self, x, pos, mask=None, cache=None, valid=None, left_context=None):
+        """``pos``: this layer's projected positions (``self_attn.positions(pos_emb)``)."""
+        cache = cache or LayerCache()
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        h = self.norm_self_att(x)
+        kv = None if cache.keys is None else (cache.keys, cache.values)
+        att, (k, v) = self.self_attn(h, pos, mask, cache_kv=kv, valid=valid)
+        x = x + att
+        conv, conv_context = self.conv(self.norm_conv(x), context=cache.conv, valid=valid)
+        x = x + conv
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        if left_context is not None and k.shape[2] > left_context:
+            k, v = k[:, :, k.shape[2] - left_context :], v[:, :, v.shape[2] - left_context :]
+        return self.norm_out(x), LayerCache(k, v, conv_context)
+
+
+def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, right: int):
+    """Additive chunked-limited mask (NeMo): a query sees keys whose chunk of ``right + 1``
+    frames lies between ``left // (right + 1)`` chunks back and its own chunk."""
+    size = right + 1
+    q = (q_start + mx.arange(q_len)) // size
+    k = (k_start + mx.arange(k_len)) // size
+    diff = q[:, None] - k[None, :]
+    ok = diff >= 0
+    if left >= 0:
+        ok = ok & (diff <= left // size)
+    return mx.where(ok, 0.0, NEG_INF)
+
+
+class FastConformer(Versioned, nn.Module):
+    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention)."""
+
+    def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
+        super().__init__()
+        args = _conformer_args(cfg)
+        self.cfg = cfg
+        self.chunk_size = chunk_size
+        self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
+        self.pre_encode = Subsampling(args)
+        self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
+        object.__setattr__(self, "_frame_fns", {})  # phase -> Memo of the compiled frame
+
+    @property
+    def left_context(self) -> Optional[int]:
+        """Frames of left context a layer keeps, or None when the encoder cannot be chunked."""
+        left, right = self.cfg.att_context_size
+        if self.cfg.att_context_style != "chunked_limited" or left < 0:
+            return None
+        return (left // (right + 1)) * (right + 1)
+
+    def make_cache(self) -> EncoderCache:
+        return EncoderCache([LayerCache() for _ in self.layers])
+
+    def output_lengths(self, mel_len: mx.array) -> mx.array:
+        return self.pre_encode.output_lengths(mel_len)
+
+    def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
+        """Run the layers over subsampled frames ``x`` [B, T, D] that follow ``cache.offset``
+        frames already seen; returns the output and the advanced cache."""
+        if self._steady(x, cache, lengths):
+            y, (cache,) = self._frame(x, [cache])
+            return y, cache
+        left, right = self.cfg.att_context_size
+        T = x.shape[1]
+        ctx = cache.layers[0].context
+        mask = None
+        if self.cfg.att_context_style == "chunked_limited":
+            mask = context_mask(cache.offset, T, cache.offset - ctx, ctx + T, left, right)
+            mask = mask.astype(x.dtype)
+        pos_emb = self.pos_enc.pos_emb_for(ctx + T, x.dtype)
+        valid = None
+        if lengths is not None:
+            valid = (cache.offset + mx.arange(T))[None, :, None] < lengths[:, None, None]
+            valid = valid.astype(x.dtype)
+        new = []
+        for layer, c in zip(self.layers, cache.layers):
+            pos = layer.self_attn.positions(pos_emb)
+            x, c = layer(x, pos, mask, c, valid, self.left_context)
+            new.append(c)
+        return x, EncoderCache(new, cache.offset + T)
+
+    # --- one frame of a stream ------------------------------------------------------------
+
+    def _steady(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array]) -> bool:
+        """One frame, no padding, every layer's left context full: from such a frame to the
+        next every shape in :meth:`step` is the same, so it can run compiled (the
+        ``encoder.frame`` fast path). CPU only: the bits of the compiled path are tested
+        against the op-by-op one there."""
+        left = self.left_context
+        if not fastpaths.enabled("encoder.frame") or lengths is not None or x.shape[1] != 1:
+            return False
+        if not left:
+            return False
+        if mx.default_device().type != mx.DeviceType.cpu:
+            return False
+        return all(c.context == left and c.conv is not None for c in cache.layers)
+
+    def _frame_fn(self, phase: int):
+        """:meth:`step` on a steady frame as a function of ``(x, *positions, *cache arrays)``
+        -> ``(out, *new cache arrays)``: the same operations in the same order.
+
+        The layers' parameters are constants of the trace, and :meth:`_frame` builds the
+        function again when any of them changes (see :mod:`.compiled`). The position
+        projections come in as inputs, so that their per-thread memo keeps working (and a
+        traced memo would hold tracers). Nothing else in it changes from frame to frame: the
+        mask depends on the frame's offset only modulo the chunk (``phase``), one function
+        per phase."""
+        left, right = self.cfg.att_context_size
+        ctx, n = self.left_context, len(self.layers)
+        q0 = phase + (right + 1) * ctx  # an offset with this phase and ctx frames before it
+
+        def run(x, *arrays):
+            pos, caches = arrays[:n], arrays[n:]
+            mask = context_mask(q0, 1, q0 - ctx, ctx + 1, left, right).astype(x.dtype)
+            out = []
+            for i, layer in enumerate(self.layers):
+                x, c = layer(x, pos[i], mask, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
+                out += [c.keys, c.values, c.conv]
+            return (x, *out)
+
+        return mx.compile(run)
+
+    def _frame(self, x: mx.array, caches: Sequence[EncoderCache]):
+        """:meth:`step` on a steady frame of each row of ``x`` ``[B, 1, D]`` (each row's cache
+        steady, all at one phase of the chunk; see :meth:`_steady`) as one compiled call: the
+        graph is built by Python once and its elementwise runs fuse. Bit-identical to the
+        op-by-op path on each row alone (tested)."""
+        phase = caches[0].offset % (self.cfg.att_context_size[1] + 1)
+        memo = self._frame_fns.get(phase)
+        if memo is None:
+            memo = self._frame_fns[phase] = Memo(self)
+        fn = memo.get(lambda: self._frame_fn(phase))
+        pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
+        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
+        per_row = [c.arrays() for c in caches]
+        arrays = per_row[0] if len(caches) == 1 else [mx.concatenate(a, axis=0) for a in zip(*per_row)]
+        x, *arrays = fn(x, *pos, *arrays)
+        out = []
+        for b, c in enumerate(caches):
+            mine = arrays if len(caches) == 1 else [a[b : b + 1] for a in arrays]
+            layers = [LayerCache(*mine[i : i + 3]) for i in range(0, len(mine), 3)]
+            out.append(EncoderCache(layers, c.offset + 1))
+        return x, out
+
+    def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
+        """One frame of each of ``B`` streams: ``x`` ``[B, 1, D]`` (subsampled), each row on its
+        own cache. Rows whose contexts are full run together (compiled); rows still filling
+        their context (their shapes differ) run one by one."""
+        steady = [
+            i for i, c in enumerate(caches)
+            if self._steady(x[i : i + 1], c, None)
+            and c.offset % (self.cfg.att_context_size[1] + 1) == caches[0].offset % (self.cfg.att_context_size[1] + 1)
+        ]
+        outs: List[Optional[mx.array]] = [None] * len(caches)
+        new: List[Optional[EncoderCache]] = [None] * len(caches)
+        if steady:
+            xs = x if len(steady) == len(caches) else x[mx.array(steady)]
+            y, done = self._frame(xs, [caches[i] for i in steady])
+            for j, i in enumerate(steady):
+                outs[i], new[i] = y[j : j + 1], done[j]
+        for i, c in enumerate(caches):
+            if new[i] is None:
+                outs[i], new[i] = self.step(x[i : i + 1], c)
+        y = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+        return y, new
+
+    def __call__(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
+        """``mel`` [B, T_mel, n_mels] -> (encoded [B, T', d_model], lengths [B])."""
+        B, T_mel, _ = mel.shape
+        if mel_len is None:
+            mel_len = mx.full((B,), T_mel, dtype=mx.int32)
+        lengths = self.output_lengths(mel_len.astype(mx.int32))
+        mel = mel.astype(
+            self.pre_encode.out.weight.dtype
+        )  # the mel is float32, the weights may not be
+        factor = 2**self.pre_encode.sampling_num
+        total = self.output_lengths(T_mel)
+        chunk = chunk_size or self.chunk_size
+        right = self.cfg.att_context_size[1]
+        if self.left_context is None:
+            chunk = total
+        chunk = max(math.ceil(chunk / (right + 1)) * (right + 1), 1)
+
+        cache, outs = self.make_cache(), []
+        for k0 in range(0, total, chunk):
+            k1 = min(k0 + chunk, total)
+            s = max(k0 - PRE_ENCODE_CONTEXT, 0)
+            last = k1 == total
+            x, _ = self.pre_encode(mel[:, s * factor : None if last else k1 * factor])
+            x = x[:, k0 - s : k1 - s]
+            x, cache = self.step(x, cache, lengths)
+            if total > chunk:
+                mx.eval(x, *cache.arrays())
+            outs.append(x)
+        return (mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]), lengths
+
+
