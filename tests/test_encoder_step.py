@@ -13,7 +13,7 @@ import test_perception
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_voicechat.nets import layout
-from mlx_voicechat.nets.perception import PRE_ENCODE_CONTEXT, FastConformer
+from mlx_voicechat.nets.encoder import PRE_ENCODE_CONTEXT, FastConformer
 from mlx_voicechat.runtime.threads import note_mlx_thread
 
 TINY = dataclasses.replace(test_perception.TINY, n_layers=3)

@@ -8,7 +8,8 @@ import pytest
 from oracle_utils import ORACLE, load_module, strip_prefix
 
 from mlx_voicechat.config import AudioConfig, EncoderConfig, PreprocessorConfig, VoiceChatConfig
-from mlx_voicechat.nets.perception import FastConformer, Perception, context_mask
+from mlx_voicechat.nets.encoder import FastConformer, context_mask
+from mlx_voicechat.nets.perception import Perception
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,7 @@ import mlx.nn as nn
 from mlx_audio.dsp import stft
 
 from ..config import AudioConfig, ConfigError, PreprocessorConfig
-from .encoder import (  # noqa: F401  (re-exported: the encoder's names, as before the split)
-    DEFAULT_CHUNK_FRAMES,
-    PRE_ENCODE_CONTEXT,
-    EncoderCache,
-    FastConformer,
-    LayerCache,
-)
+from .encoder import DEFAULT_CHUNK_FRAMES, FastConformer
 from .version import Versioned
 
 # Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).

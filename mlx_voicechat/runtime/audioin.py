@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import SessionError
-from ..nets.perception import PRE_ENCODE_CONTEXT
+from ..nets.encoder import PRE_ENCODE_CONTEXT
 
 
 def as_samples(samples, sample_rate, rate: int) -> np.ndarray:
