@@ -99,19 +99,18 @@ def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, 
     ``[B, J]`` (its projected output). Returns ``labels`` ``[B, steps]`` (each row's tokens
     in order, then ``blank``), and the new ``h``, ``c``, ``pred``. At most ``steps`` tokens per
     frame (``max_symbols``): the frame then advances, as :func:`greedy_decode` does."""
-    B = enc_proj.shape[0]
-    active = mx.ones((B,), dtype=mx.bool_)
     labels = []
     for _ in range(steps):
+        # A blank leaves the prediction as it is, so every later step of the frame is blank
+        # too: the frame's tokens are its labels up to the first blank.
         k = mx.argmax(joint.logits(enc_proj, pred), axis=-1).astype(mx.int32)
-        emit = active & (k != blank)
-        labels.append(mx.where(emit, k, blank))
+        emit = k != blank
+        labels.append(k)
         out, (h2, c2) = decoder(k[:, None], (h, c))
         pred2 = joint.project_prediction(out[:, -1])
         keep = emit[None, :, None]
         h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
         pred = mx.where(emit[:, None], pred2, pred)
-        active = emit
     return mx.stack(labels, axis=1), h, c, pred
 
 
