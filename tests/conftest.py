@@ -1,6 +1,27 @@
-"""Fixtures local to this folder's tests (the shared ones are in the top-level conftest.py)."""
+"""Fixtures local to this folder's tests (the shared ones are in the top-level conftest.py).
+
+``MLX_VOICECHAT_TEST_DEVICE=gpu`` (or ``cpu``) runs the tests on that MLX device (its default
+device for the whole run): how ``benchmarks/bench_device.py`` runs the oracle tests on a GPU."""
+
+import os
 
 import pytest
+
+_TEST_DEVICE = os.environ.get("MLX_VOICECHAT_TEST_DEVICE", "").strip().lower()
+if _TEST_DEVICE:
+    import mlx.core as mx
+
+    if _TEST_DEVICE not in ("cpu", "gpu"):
+        raise pytest.UsageError(
+            f"MLX_VOICECHAT_TEST_DEVICE must be cpu or gpu, not {_TEST_DEVICE!r}"
+        )
+    _device = mx.gpu if _TEST_DEVICE == "gpu" else mx.cpu
+    if not mx.is_available(_device):
+        raise pytest.UsageError(
+            f"MLX_VOICECHAT_TEST_DEVICE={_TEST_DEVICE}: this MLX ({mx.__version__}) has no "
+            f"{_TEST_DEVICE} backend (install mlx[cuda13] for NVIDIA GPUs)"
+        )
+    mx.set_default_device(_device)
 
 
 @pytest.fixture(scope="module")
