@@ -88,11 +88,6 @@ class ConnectionGuard:
         self._warn = _Every()
         self._cls = None
 
-    @property
-    def open(self) -> int:
-        self._prune()
-        return len(self._open)
-
     def protocol(self):
         """A subclass of uvicorn's own HTTP protocol class that reports to this guard."""
         if self._cls is None:
