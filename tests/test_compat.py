@@ -85,6 +85,7 @@ try:
 except RuntimeError:
     summary["push_after_flush"] = "RuntimeError"
 audio = [e for e in events if e.kind == "audio"]
+summary["audio_sizes"] = sorted({int(e.samples.shape[0]) for e in audio})
 summary["audio_frames"] = [e.frame_index for e in audio] == list(range(len(audio)))
 text = [e for e in events if e.kind == "assistant_text_delta"]
 summary["text_joined"] = "".join(e.delta for e in text) == (text[-1].text if text else "")
@@ -190,7 +191,8 @@ def test_script_runs_on_ours_and_equals_our_session(ours, tiny):
     special = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
     assert got["codes"].shape == (len(frames), cfg.tts_config.num_quantizers)
     assert np.array_equal(got["codes"], np.stack([f.codes for f in frames]))
-    assert np.array_equal(got["audio"], np.concatenate([f.audio for f in frames]))
+    # one frame of samples per audio event: the codec's tail is not on the last one
+    assert np.array_equal(got["audio"], np.concatenate([f.audio[:1764] for f in frames]))
     assert got["text_ids"].tolist() == [f.text_id for f in frames if f.text_id not in special]
     assert got["function_ids"].tolist() == [
         f.function_id for f in frames if f.function_id not in special
@@ -218,8 +220,9 @@ def test_mlx_audio_module_gives_the_same_kinds_of_results(ours, ckpt, tmp_path):
     assert theirs["module"].startswith("mlx_audio.sts.models.nemotron_voicechat")
     for key in ("kinds", "generate", "session_generate", "fields", "last", "closed", "again",
                 "push_after_flush", "audio_frames", "text_joined", "limit", "cancel",
-                "generate_frames", "session_frames"):
+                "generate_frames", "session_frames", "audio_sizes"):
         assert mine[key] == theirs[key], key
+    assert mine["audio_sizes"] == [1764]  # every audio event, the last one too
     # The tiny reply has text, function ids and a transcript: every kind but "cancelled"
     # (which the script checks separately).
     assert set(mine["kinds"]) == set(compat.EVENT_KINDS) - {"cancelled"}
@@ -277,10 +280,36 @@ def test_streaming_session_errors_and_rates(tiny):
     audio = [e for e in events if e.kind == "audio"]
     assert np.array_equal(np.stack([np.array(e.audio_codes) for e in audio]),
                           np.stack([f.codes for f in frames]))
-    assert audio[-1].samples.shape == (1764 + 6,)  # the codec's tail on the last frame
+    assert all(e.samples.shape == (1764,) for e in audio)
+    assert s.tail.shape == (6,)  # the codec's tail, on no audio event
     assert s.closed
     with pytest.raises(compat.VoiceChatClosedError, match="closed"):
         s.push_audio(x24)
+
+
+def test_audio_events_are_one_frame_each_and_the_tail_is_kept(tiny):
+    x = _wave()
+    # 1280 k + 199 samples: the end of input makes no new frame (our Session hands out a
+    # remainder event that carries only the tail); 9000: the last frame carries it.
+    for n in (1280 * 3 + 199, 9000):
+        duplex = tiny.create_duplex_session(system_prompt="", seed=0)
+        events = duplex.push_audio(x[:n])
+        assert duplex.tail.shape == (0,)
+        events += duplex.flush()
+        ref = tiny.session("", seed=0)
+        frames = ref.feed(x[:n]) + ref.finish(0.0)
+        audio = [e for e in events if e.kind == "audio"]
+        assert [e.samples.shape for e in audio] == [(1764,)] * len(audio)
+        assert [e.frame_index for e in audio] == [f.index for f in frames if not f.remainder]
+        assert duplex.tail.shape == (6,)
+        # the events joined, then the tail: the session's whole waveform
+        joined = np.concatenate([np.array(e.samples) for e in audio] + [np.array(duplex.tail)])
+        assert np.array_equal(joined, np.concatenate([f.audio for f in frames]))
+    # A stream that ends at max_streaming_seconds keeps its tail too.
+    limited = tiny.create_duplex_session(system_prompt="", seed=0, max_streaming_seconds=0.4)
+    events = limited.push_audio(x[:9000])
+    assert [e.samples.shape for e in events if e.kind == "audio"] == [(1764,)] * 5
+    assert events[-1].kind == "done" and limited.tail.shape == (6,)
 
 
 # --- NVIDIA's default system prompt ------------------------------------------------------------

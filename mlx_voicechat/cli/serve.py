@@ -56,6 +56,43 @@ def add_parser(subparsers):
         default=10.0,
         help="close a connection whose audio waits longer than this (default 10)",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="close a connection that sends no audio for this long, error idle_timeout and "
+        "close 4408 (default 180; 0: never)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=4096,
+        help="the longest session prompt, instructions and tools, in tokens (default 4096)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        help="open connections at most; past it the oldest one still sending its request is "
+        "closed (default 1000)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request headers are not all in after this long "
+        "(default 10)",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="close an idle HTTP keep-alive connection after this long (uvicorn's "
+        "timeout_keep_alive, default 5)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -73,6 +110,11 @@ def _loopback(host: str) -> bool:
 
 
 def run(args) -> int:
+    from ..serve.limits import Limits, open_file_limits
+
+    # Before anything imports mlx_lm.utils, which lowers the open-file limits at its import
+    # (the import below keeps them; whatever else lowers them is undone after the load).
+    saved_limits = open_file_limits()
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -87,6 +129,17 @@ def run(args) -> int:
         raise ServeError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not args.max_lag_seconds > 0:
         raise ServeError(f"--max-lag-seconds must be > 0, got {args.max_lag_seconds}")
+    if not args.idle_timeout >= 0:
+        raise ServeError(f"--idle-timeout must be >= 0 seconds, got {args.idle_timeout}")
+    if args.max_prompt_tokens < 1:
+        raise ServeError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
+    if args.max_connections < 1:
+        raise ServeError(f"--max-connections must be at least 1, got {args.max_connections}")
+    for flag in ("header_timeout", "keep_alive_timeout"):
+        if not getattr(args, flag) > 0:
+            name = "--" + flag.replace("_", "-")
+            raise ServeError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
+    limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
         print(
@@ -95,6 +148,9 @@ def run(args) -> int:
             file=sys.stderr,
         )
 
+    from ..serve.limits import import_mlx_lm_keeping_limits, raise_open_file_limit, uvicorn_options
+
+    import_mlx_lm_keeping_limits()
     from .. import load
     from ..serve.app import WS_MAX_SIZE, create_app
 
@@ -108,7 +164,17 @@ def run(args) -> int:
         max_lag_seconds=args.max_lag_seconds,
         model_id=os.path.basename(os.path.normpath(str(args.model))) or str(args.model),
         seed=args.seed,
+        idle_timeout=args.idle_timeout or None,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
+    open_files = raise_open_file_limit(saved_limits, limits.files_needed)
+    fitted = limits.fitted(open_files)
+    if fitted.max_connections < limits.max_connections:
+        print(
+            f"mlx-voicechat serve: warning: the process may open {open_files} files (ulimit -n), "
+            f"enough for {fitted.max_connections} connections: --max-connections lowered to that",
+            file=sys.stderr,
+        )
     print(
         f"mlx-voicechat serve: ws://{args.host}:{args.port}/v1/realtime "
         f"(web page http://{args.host}:{args.port}/)",
@@ -121,5 +187,7 @@ def run(args) -> int:
         ws_max_size=WS_MAX_SIZE,
         log_level=args.log_level,
         lifespan="on",
+        **uvicorn_options(fitted),
     )
     return 0
+

@@ -10,11 +10,13 @@ against mlx-audio's own ``nemotron_voicechat`` keeps working through the objects
   mlx-audio's :class:`VoiceChatEvent` lists. It is a view of one of our streaming
   :class:`~mlx_voicechat.runtime.session.Session` (``.session``): the same per-frame step,
   each :class:`~mlx_voicechat.runtime.session.FrameEvent` turned into mlx-audio's events.
+  As in mlx-audio, every ``audio`` event carries one frame of speech (1764 samples); the
+  codec's last samples, which ``flush`` makes, are kept in ``tail`` (see docs/compat.md).
 
-Where we differ from mlx-audio on purpose (see the README's compatibility table): other input
-rates are resampled rather than refused, int16 PCM is scaled to [-1, 1), ``system_prompt=None``
-is NVIDIA's default prompt everywhere, the last audio event of ``flush`` carries the codec's
-6-sample tail, and the randomness is the session's own (mlx-audio seeds the global generator).
+Where we differ from mlx-audio on purpose (see docs/compat.md): other input rates are
+resampled rather than refused, int16 PCM is scaled to [-1, 1), ``system_prompt=None`` is
+NVIDIA's default prompt everywhere, the codec's 6-sample tail is kept (``tail``) rather than
+dropped, and the randomness is the session's own (mlx-audio seeds the global generator).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import mlx.core as mx
+import numpy as np
 
 from ..errors import GenerationError
 from .events import FrameEvent
@@ -165,11 +168,20 @@ class VoiceChatStreamingSession:
         cfg = self.config
         self._special = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
         self._text = self._function = self._transcript = ""
+        self._tail = np.zeros(0, np.float32)
         self._closed: Optional[str] = None  # "flush", "cancel" or "max_streaming_seconds"
 
     @property
     def closed(self) -> bool:
         return self._closed is not None
+
+    @property
+    def tail(self) -> mx.array:
+        """The codec's last samples (float32 at ``output_sample_rate``), which no ``audio``
+        event carries: empty until ``flush`` (or the ``max_streaming_seconds`` end) makes
+        them, 6 samples after it. The audio events joined, then ``tail``, are the session's
+        whole waveform; mlx-audio's own session drops these samples."""
+        return mx.array(self._tail)
 
     @property
     def frame_index(self) -> int:
@@ -196,10 +208,17 @@ class VoiceChatStreamingSession:
                 out.append(VoiceChatEvent(
                     "function_delta", e.index, e.function_id, e.function_text, self._function
                 ))
-            out.append(VoiceChatEvent(
-                "audio", e.index, samples=mx.array(e.audio), sample_rate=rate,
-                audio_codes=mx.array(e.codes),
-            ))
+            # mlx-audio's contract: one frame of samples per audio event, one event per frame
+            # (a remainder is no new frame); what the codec adds at the end goes to `tail`.
+            spf = self.session.samples_per_frame
+            extra = e.audio if e.remainder else e.audio[spf:]
+            if extra.size:
+                self._tail = np.concatenate([self._tail, extra])
+            if not e.remainder:
+                out.append(VoiceChatEvent(
+                    "audio", e.index, samples=mx.array(e.audio[:spf]), sample_rate=rate,
+                    audio_codes=mx.array(e.codes),
+                ))
             if e.end is not None:  # the session reached max_streaming_seconds
                 self._closed = "max_streaming_seconds"
                 self.session.close()

@@ -12,12 +12,28 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation, Server
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation
+from .limits import Limits, uvicorn_options
 from .protocol import Realtime
+from .server import MAX_PROMPT_TOKENS, Server
 from .worker import Worker
 
 STATIC_DIR = Path(__file__).parent / "static"
 WS_MAX_SIZE = 4 << 20  # bytes; events over protocol.MAX_EVENT_BYTES get an error, over this a close
+IDLE_TIMEOUT = 180.0  # seconds without client audio before a connection is closed
+# The page loads only its own files and talks only to its own server; nothing may frame it
+# (it holds the microphone).
+PAGE_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+        b"frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def create_app(
@@ -40,6 +56,8 @@ def create_app(
     warmup: bool = True,
     static_dir: Optional[Path] = None,
     worker: Optional[Worker] = None,
+    idle_timeout: Optional[float] = IDLE_TIMEOUT,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -52,7 +70,10 @@ def create_app(
     comes / at most. ``chunk_frames``: frames per worker job. ``send_queue_size``: server events
     waiting for a slow client before it is dropped. ``session_options``: more keyword
     arguments of ``model.session`` (e.g. ``max_seconds``). ``worker``: the :class:`Worker` thread
-    for the MLX work (default: the process's shared one)."""
+    for the MLX work (default: the process's shared one). ``idle_timeout``: seconds without
+    client audio before the connection is closed (error ``idle_timeout``, close 4408; None: no
+    bound). ``max_prompt_tokens``: the longest prompt (instructions and tools) a session
+    takes, in tokens; longer instructions are refused by their length before any tokenizing."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
@@ -73,6 +94,8 @@ def create_app(
         seed=seed,
         session_options=session_options,
         worker=worker,
+        idle_timeout=idle_timeout,
+        max_prompt_tokens=max_prompt_tokens,
     )
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
@@ -85,6 +108,7 @@ def create_app(
 
     app = FastAPI(title="mlx-voicechat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
+    app.add_middleware(_PageHeaders)
 
     @app.get("/health")
     async def health():
@@ -137,18 +161,22 @@ def create_app(
 
     @app.get("/static/{path:path}")
     async def static_file(path: str):
-        root = static.resolve()
-        target = (root / path).resolve()
         if not static.is_dir():
-            return _missing(f"/static/{path}")
-        if root not in target.parents or not target.is_file():
-            return PlainTextResponse(f"/static/{path} not found", status_code=404)
+            return _missing(f"/static/{path[:100]}")
+        root = static.resolve()
+        try:
+            target = (root / path).resolve()
+            found = root in target.parents and target.is_file()
+        except (ValueError, OSError):  # a NUL byte, a name too long for the file system
+            found = False
+        if not found:
+            return PlainTextResponse(f"/static/{path[:100]} not found", status_code=404)
         return FileResponse(target)
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket):
         subprotocols = list(websocket.scope.get("subprotocols") or [])
-        if not server.origin_allowed(websocket.headers):
+        if not server.origin_allowed(websocket.headers, websocket.scope.get("server")):
             await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
             return
         if not server.authorized(websocket.headers, subprotocols):
@@ -172,11 +200,36 @@ def create_app(
     return app
 
 
-class ServerThread:
-    """uvicorn serving ``app`` on a background thread (tests and benchmarks):
-    ``with ServerThread(app) as s: ... s.port``."""
+class _PageHeaders:
+    """ASGI middleware: :data:`PAGE_HEADERS` on every HTTP response."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", ()), *PAGE_HEADERS])
+            await send(message)
+
+        return await self.app(scope, receive, send_with_headers)
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a background thread (tests and benchmarks), with the
+    connection bounds of ``limits``: ``with ServerThread(app) as s: ... s.port``."""
+
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        limits: Optional[Limits] = None,
+    ):
         import socket
 
         import uvicorn
@@ -188,7 +241,12 @@ class ServerThread:
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level=log_level, ws_max_size=WS_MAX_SIZE, lifespan="on", ws_ping_interval=None
+            app,
+            log_level=log_level,
+            ws_max_size=WS_MAX_SIZE,
+            lifespan="on",
+            ws_ping_interval=None,
+            **uvicorn_options(limits or Limits()),
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -1,123 +1,41 @@
 """One WebSocket connection: four asyncio tasks around the protocol and the worker.
 
-A reader (client events through the protocol), a driver (the protocol's commands to the
-worker, a few frames per job so that a cancel or a disconnect waits for at most one short job),
-a writer (a bounded queue of server events; a client that stops reading fills it and is
-dropped) and a clock (silence at real time when the client falls behind, and the lag bound).
-:class:`Server` is what the connections share: the model, the worker, the slots, the settings.
+A reader (client events through the protocol; it waits while the client has many replies
+still to read), a driver (the protocol's commands to the worker, a few frames per job so that a
+cancel or a disconnect waits for at most one short job), a writer (a bounded queue of server
+events; a client that stops reading fills it and is dropped), a clock (silence at real time when
+the client falls behind, and the lag bound) and the idle bound (no client audio for
+``idle_timeout`` seconds closes the connection).
+:class:`~.server.Server` is what the connections share.
 """
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
 from collections import deque
-from typing import Callable, Iterable, List, Optional
-from urllib.parse import urlsplit
+from typing import Callable, List, Optional
 
 import numpy as np
 
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
-from .worker import Worker
+from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
+    FRAME_SECONDS,
+    KEY_PROTOCOL,
+    MAX_PROMPT_TOKENS,
+    SAMPLES_PER_FRAME,
+    Server,
+)
 
-SAMPLES_PER_FRAME = 1280  # 80 ms at 16 kHz, the session's input frame
-FRAME_SECONDS = SAMPLES_PER_FRAME / MODEL_INPUT_RATE
-KEY_PROTOCOL = "openai-insecure-api-key."
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
+CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
 MAX_QUEUED_COMMANDS = 4096  # audio is bounded by max_lag_seconds, the number of events by this
 _CLOSE = object()  # in the send queue: close the connection after the events before it
 log = logging.getLogger("mlx_voicechat.serve")
-
-
-class Server:
-    """What the connections share: the model, the worker, the session slots, the settings."""
-
-    def __init__(
-        self,
-        model,
-        *,
-        model_id: str,
-        api_key: Optional[str],
-        max_sessions: int,
-        allow_origins: Iterable[str],
-        silence_feed: bool,
-        max_lag_seconds: float,
-        silence_grace_seconds: float,
-        commit_seconds: float,
-        max_reply_seconds: float,
-        chunk_frames: int,
-        send_queue_size: int,
-        stats_every_frames: int,
-        seed: int,
-        session_options: Optional[dict],
-        worker: Optional[Worker] = None,
-    ):
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
-        self.model = model
-        self.model_id = model_id
-        self.api_key = api_key or None
-        self.max_sessions = int(max_sessions)
-        self.allow_origins = {o.rstrip("/") for o in allow_origins}
-        self.silence_feed = silence_feed
-        self.max_lag_seconds = float(max_lag_seconds)
-        self.silence_grace_seconds = float(silence_grace_seconds)
-        self.commit_frames = max(1, round(commit_seconds / FRAME_SECONDS))
-        self.max_reply_frames = max(1, round(max_reply_seconds / FRAME_SECONDS))
-        self.chunk_samples = max(1, int(chunk_frames)) * SAMPLES_PER_FRAME
-        self.send_queue_size = int(send_queue_size)
-        self.stats_every_frames = int(stats_every_frames)
-        self.seed = int(seed)
-        self.session_options = dict(session_options or {})
-        self.worker = Worker.shared() if worker is None else worker
-        self.active = 0
-        self.ready = False
-        self.sessions_served = 0
-
-    def open_session(self, instructions: Optional[str], tools=()):
-        """On the worker: a fresh streaming session with the client's instructions and tools."""
-        options = dict(self.session_options)
-        if tools:
-            options["tools"] = list(tools)
-        return self.model.session(instructions, seed=self.seed, **options)
-
-    def warm_up(self, frames: int = 4) -> None:
-        """On the worker: open a session and run a few frames, so the first client does not pay
-        for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
-        session = self.open_session(None)
-        try:
-            session.feed(np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
-        finally:
-            session.close()
-
-    # -- admission --
-
-    def authorized(self, headers, subprotocols: List[str]) -> bool:
-        if self.api_key is None:
-            return True
-        key = self.api_key.encode()
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), key):
-            return True
-        return any(
-            p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL) :].encode(), key)
-            for p in subprotocols
-        )
-
-    def origin_allowed(self, headers) -> bool:
-        origin = headers.get("origin")
-        if origin is None:
-            return True  # not a browser
-        origin = origin.rstrip("/")
-        if origin in self.allow_origins or "*" in self.allow_origins:
-            return True
-        parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and parts.netloc == headers.get("host")
 
 
 class Conversation:
@@ -126,7 +44,9 @@ class Conversation:
     def __init__(self, server: Server, websocket):
         self.server = server
         self.ws = websocket
-        self.protocol = Realtime(server.model_id)
+        self.protocol = Realtime(
+            server.model_id, max_instructions_chars=server.max_instructions_chars
+        )
         self.inbox: deque = deque()
         self.wake = asyncio.Event()
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
@@ -138,12 +58,24 @@ class Conversation:
         self.t0: Optional[float] = None  # when the first audio arrived
         self.position = 0  # 16 kHz samples queued so far (client audio and clock silence)
         self.consumed = 0  # 16 kHz samples fed to the session
+        # Samples past the last frame that the audio so far completes: held here, not fed, so
+        # that input_audio_buffer.clear can drop them (the session keeps no partial frame).
+        self.held = np.zeros(0, np.float32)
+        self.client_seconds = 0.0  # client audio queued so far, seconds
+        self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
+        self.room = asyncio.Event()  # set while the send queue has room for a client's replies
+        self.room.set()
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
         self.started = asyncio.Event()
         self.closing: Optional[tuple] = None  # (close code, reason) once fail() was called
 
     # -- plumbing --
+
+    @property
+    def high_water(self) -> int:
+        """Queued server events past which the reader waits for the client to read them."""
+        return max(1, self.server.send_queue_size // 2)
 
     def send(self, events: List[dict]) -> None:
         for event in events:
@@ -159,7 +91,7 @@ class Conversation:
             self.close_code, self.close_reason = code, reason
             self.stopped.set()
 
-    def fail(self, code: str, message: str, close: int) -> None:
+    def fail(self, code: str, message: str, close: int, param: Optional[str] = None) -> None:
         """An error event, then the connection closes with ``close`` once the events queued
         before it are sent; the session does no more work."""
         if self.closing is not None:
@@ -169,7 +101,7 @@ class Conversation:
         self.drain = None
         self.wake.set()
         try:
-            self.outbox.put_nowait(self.protocol.error(code, message, type_="server_error"))
+            self.outbox.put_nowait(self.protocol.error(code, message, param, type_="server_error"))
             self.outbox.put_nowait(_CLOSE)
         except asyncio.QueueFull:
             self.stop(*self.closing)
@@ -180,12 +112,25 @@ class Conversation:
 
     def check_lag(self) -> None:
         if self.lag_seconds > self.server.max_lag_seconds:
-            self.fail(
-                "lag_exceeded",
-                f"the model is {self.lag_seconds:.1f} s behind the audio (the bound is "
-                f"{self.server.max_lag_seconds:g} s): the machine is slower than real time",
-                CLOSE_TRY_AGAIN,
+            self.fail("lag_exceeded", self._lag_message(), CLOSE_TRY_AGAIN)
+
+    def _lag_message(self) -> str:
+        """Which side is behind: the lag is the client's audio ahead of the wall clock plus
+        the model's frames behind it."""
+        elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
+        ahead = self.position / MODEL_INPUT_RATE - elapsed  # the client's audio past real time
+        behind = elapsed - self.consumed / MODEL_INPUT_RATE  # the model's input behind it
+        if ahead > behind:
+            why = (
+                f"the client sent audio faster than real time ({self.client_seconds:.1f} s of "
+                f"audio in {elapsed:.1f} s); send it at real time"
             )
+        else:
+            why = "the machine is slower than real time"
+        return (
+            f"the model is {self.lag_seconds:.1f} s behind the audio (the bound is "
+            f"{self.server.max_lag_seconds:g} s): {why}"
+        )
 
     def command(self, c) -> None:
         if isinstance(c, Start):
@@ -194,13 +139,17 @@ class Conversation:
             self.started.set()
         elif isinstance(c, Append):
             self.position += c.samples.size
+            if not c.silence:
+                self.client_seconds += c.samples.size / MODEL_INPUT_RATE
+                self.last_audio = time.monotonic()
             self.inbox.append(c)
             self.check_lag()
         elif isinstance(c, Clear):
             kept = [x for x in self.inbox if not isinstance(x, Append)]
             dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
             self.inbox = deque(kept)
-            self.position -= dropped
+            self.position -= dropped + self.held.size
+            self.held = self.held[:0]
         elif isinstance(c, Cancel):
             self.cancel_pending = True
         elif not (isinstance(c, Commit) and self.inbox and isinstance(self.inbox[-1], Commit)):
@@ -225,6 +174,8 @@ class Conversation:
         ]
         if self.server.silence_feed:
             tasks.append(asyncio.create_task(self._clock()))
+        if self.server.idle_timeout:
+            tasks.append(asyncio.create_task(self._idle()))
         stop = asyncio.create_task(self.stopped.wait())
         try:
             done, _ = await asyncio.wait(tasks + [stop], return_when=asyncio.FIRST_COMPLETED)
@@ -256,6 +207,12 @@ class Conversation:
 
     async def _reader(self) -> None:
         while True:
+            # A burst of events that each get a reply (response.create, session.update) waits
+            # here for the client to read the replies: only a client that does not read fills
+            # the send queue.
+            while self.outbox.qsize() >= self.high_water:
+                self.room.clear()
+                await self.room.wait()
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
@@ -270,13 +227,35 @@ class Conversation:
     async def _writer(self) -> None:
         while True:
             event = await self.outbox.get()
+            if self.outbox.qsize() < self.high_water:
+                self.room.set()
             if event is _CLOSE:
                 self.stop(*self.closing)
                 return
             try:
-                await self.ws.send_text(json.dumps(event, ensure_ascii=False))
+                try:
+                    await self.ws.send_text(json.dumps(event, ensure_ascii=False))
+                except UnicodeEncodeError:  # a lone surrogate in a string: sent escaped
+                    log.warning("an event held text that is not UTF-8: %.80r", event)
+                    await self.ws.send_text(json.dumps(event))
             except Exception:  # the client has gone: the reader sees the disconnect too
                 return
+
+    async def _idle(self) -> None:
+        """No client audio for ``idle_timeout`` seconds (since it connected or last sent
+        some) ends the connection: an error event, then close 4408."""
+        timeout = self.server.idle_timeout
+        while True:
+            left = self.last_audio + timeout - time.monotonic()
+            if left <= 0:
+                self.fail(
+                    "idle_timeout",
+                    f"no audio arrived for {timeout:g} s (the server's --idle-timeout); "
+                    "open a new connection to go on",
+                    CLOSE_IDLE,
+                )
+                return
+            await asyncio.sleep(left)
 
     async def _clock(self) -> None:
         """Silence at real time while the client's audio is behind the wall clock."""
@@ -314,12 +293,15 @@ class Conversation:
             c = self.inbox.popleft()
             try:
                 if isinstance(c, Start):
+                    if await self._prompt_too_long(c):
+                        continue
                     await worker.run(self._open, c.instructions, c.tools)
                 elif isinstance(c, ToolResult):
                     await self._tool_result(c)
                 elif isinstance(c, Append):
-                    samples = self._take_audio(c)
-                    await self._feed(lambda s=samples: self.session.feed(s), samples.size)
+                    samples = self._frames_of(self._take_audio(c))
+                    if samples.size:
+                        await self._feed(lambda s=samples: self.session.feed(s), samples.size)
             except VoiceChatError as e:
                 self.fail("session_error", str(e), CLOSE_POLICY)
                 continue
@@ -333,6 +315,24 @@ class Conversation:
     def _open(self, instructions, tools=()) -> None:  # on the worker
         self.session = self.server.open_session(instructions, tools)
 
+    async def _prompt_too_long(self, c: Start) -> bool:
+        """Count the prompt's tokens on a thread of its own, not the worker (a long prompt
+        would hold up every session's frames there); past the bound, an error and close."""
+        if getattr(self.server.model, "tokenizer", None) is None:
+            return False  # model.session says what a prompt needs
+        n = await asyncio.to_thread(self.server.prompt_tokens, c.instructions, c.tools)
+        most = self.server.max_prompt_tokens
+        if n <= most:
+            return False
+        self.fail(
+            "invalid_value",
+            f"the instructions (with the tools) are {n} tokens; this server takes at most "
+            f"{most} (--max-prompt-tokens)",
+            CLOSE_POLICY,
+            param="session.instructions",
+        )
+        return True
+
     async def _tool_result(self, c: ToolResult) -> None:
         """Queue a function_call_output in the session; a refusal is an error event."""
         try:
@@ -344,6 +344,23 @@ class Conversation:
 
     def _client_audio_waiting(self) -> bool:
         return any(isinstance(c, Append) and not c.silence for c in self.inbox)
+
+    def _frames_of(self, samples: np.ndarray) -> np.ndarray:
+        """The held samples and ``samples`` up to the last frame they complete; the rest
+        (less than a frame) is held for the next audio."""
+        if self.held.size:
+            samples = np.concatenate([self.held, samples])
+        session = self.session
+        first = session.samples_needed(0)
+        per = session.samples_needed(1) - first
+
+        def frames(n):  # frames final once n samples are in
+            return 0 if n < first else (n - first) // per + 1
+
+        done, target = frames(self.consumed), frames(self.consumed + samples.size)
+        cut = session.samples_needed(target - 1) - self.consumed if target > done else 0
+        self.held = samples[cut:]
+        return samples[:cut]
 
     def _take_audio(self, first: Append) -> np.ndarray:
         """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
@@ -399,7 +416,8 @@ class Conversation:
         frames = max(1, self.server.chunk_samples // SAMPLES_PER_FRAME)
         n = frames * SAMPLES_PER_FRAME
         self.position += n
-        await self._feed(lambda: self.session.silence(frames), n)
+        samples = self._frames_of(np.zeros(n, np.float32))
+        await self._feed(lambda: self.session.feed(samples), samples.size)
         d["fed"] += frames
         replied = p.responses_done > d["done"]
         if p.response is None and (replied or d["fed"] >= self.server.commit_frames):

@@ -44,6 +44,8 @@ from .wire import (  # noqa: F401  (re-exported: the transport and the tests imp
     _new_id,
     decode_pcm16,
     encode_pcm16,
+    not_utf8,
+    utf8,
 )
 
 log = logging.getLogger("mlx_voicechat.serve")
@@ -66,8 +68,15 @@ class Realtime(Responses):
 
     ``receive(raw)`` -> ``(events, commands)``; ``frames(frame_events)`` -> events."""
 
-    def __init__(self, model_id: str = "nemotron-voicechat", *, voice: str = "Aria"):
+    def __init__(
+        self,
+        model_id: str = "nemotron-voicechat",
+        *,
+        voice: str = "Aria",
+        max_instructions_chars: Optional[int] = None,
+    ):
         self.model_id = model_id
+        self.max_instructions_chars = max_instructions_chars
         self.session_id = _new_id("sess")
         self.conversation_id = _new_id("conv")
         self._events = itertools.count(1)
@@ -171,8 +180,15 @@ class Realtime(Responses):
         if not isinstance(event, dict):
             return [self.error("invalid_event", "an event must be a JSON object")], []
         client_id = event.get("event_id")
-        if not isinstance(client_id, str):
+        if not isinstance(client_id, str) or not utf8(client_id):
             client_id = None
+        where = not_utf8(event) if "\\u" in raw or not raw.isascii() else None
+        if where is not None:
+            message = (
+                f"`{where}` holds a lone surrogate (a \\ud800-\\udfff escape that is not half of "
+                "a pair): it is not text"
+            )
+            return [self.error("invalid_value", message, where, client_id)], []
         type_ = event.get("type")
         if not isinstance(type_, str):
             return [
@@ -212,6 +228,14 @@ class Realtime(Responses):
             if not isinstance(session["instructions"], str):
                 raise ProtocolError(
                     "invalid_value", "`instructions` must be a string", "session.instructions"
+                )
+            most = self.max_instructions_chars
+            if most is not None and len(session["instructions"]) > most:
+                raise ProtocolError(
+                    "invalid_value",
+                    f"`instructions` is {len(session['instructions'])} characters; at most {most} "
+                    "fit the prompt this server takes",
+                    "session.instructions",
                 )
             new["instructions"] = session["instructions"]  # "" is no prompt, not the default
         voice = a_out.get("voice", session.get("voice"))  # GA, then beta's flat `voice`

@@ -1,5 +1,6 @@
 """What crosses the protocol's edges: the commands the worker runs, the errors a client event
-gets, and PCM16 audio in and out (resampled statefully, so chunk joins leave no seam)."""
+gets, PCM16 audio in and out (resampled statefully, so chunk joins leave no seam) and the check
+that a client's text is text."""
 
 from __future__ import annotations
 
@@ -124,6 +125,39 @@ def encode_pcm16(samples: np.ndarray) -> str:
     """float32 -> base64 PCM16 LE mono (clipped, rounded)."""
     pcm = np.clip(np.rint(np.asarray(samples, np.float64) * 32767.0), -32768, 32767)
     return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+# --- text ----------------------------------------------------------------------------------
+
+
+def utf8(s: str) -> bool:
+    """Whether ``s`` can be UTF-8 (JSON lets an escape make a lone surrogate)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def not_utf8(event) -> Optional[str]:
+    """The path (``session.tools[0].name``) of the first key or string of ``event`` that
+    cannot be UTF-8 (JSON lets an escape make a lone surrogate), or None."""
+    stack = [("", event)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not utf8(value):
+                return path[:200] or "(the event)"
+        elif isinstance(value, dict):
+            for k, v in reversed(list(value.items())):
+                if not utf8(k):
+                    return f"{path}.(a key)" if path else "(a key)"
+                stack.append((f"{path}.{k}" if path else k, v))
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+    return None
 
 
 def _new_id(prefix: str) -> str:

@@ -350,6 +350,7 @@
     if (code === 1006) return 'the connection to the server was lost';
     if (code === 1009) return 'the server refused a message as too large';
     if (code === 1011) return `the server hit an internal error${reason ? `: ${reason}` : ''}`;
+    if (code === 4408) return 'the server closed the connection: no audio arrived for a while (press Start to talk again)';
     return `the server closed the connection (code ${code}${reason ? `: ${reason}` : ''})`;
   }
 

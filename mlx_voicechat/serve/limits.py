@@ -1,0 +1,331 @@
+"""What bounds a server process below the protocol: its open connections, the time a client has
+to send its request headers, the process's open-file limit, and logs that neither flood nor
+carry a secret.
+
+uvicorn bounds idle keep-alive connections (``timeout_keep_alive``) but not a connection that
+never completes its first request, and it accepts connections until the process runs out of
+file descriptors (then asyncio logs every failed ``accept``). :class:`ConnectionGuard` wraps
+uvicorn's HTTP protocol class: at most ``max_connections`` connections are open, a connection
+whose request headers are not all in after ``header_timeout`` seconds is closed, and when the
+bound is reached the oldest connection still sending its headers (else the oldest plain HTTP
+one) makes room, so that a flood of idle sockets cannot keep ``/health`` or a WebSocket
+handshake out. WebSockets are never closed to make room: they are bounded by the sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+HEADERS_END = b"\r\n\r\n"
+FILES_PER_CONNECTION = 2  # its socket and, for a static file being sent, that file
+RESERVED_FILES = 128  # the listening socket, the checkpoint's files, logs, pipes, the worker
+LOG_EVERY_SECONDS = 10.0  # a repeated warning is written at most this often
+log = logging.getLogger("mlx_voicechat.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The transport's bounds (``serve --max-connections / --header-timeout /
+    --keep-alive-timeout``)."""
+
+    max_connections: int = 1000
+    header_timeout: float = 10.0  # seconds for a new connection's request headers
+    keep_alive_timeout: float = 5.0  # seconds an idle HTTP keep-alive connection stays open
+
+    def __post_init__(self):
+        if isinstance(self.max_connections, bool) or int(self.max_connections) < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections!r}")
+        for name in ("header_timeout", "keep_alive_timeout"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+
+    @property
+    def files_needed(self) -> int:
+        """Open files the process may need with every connection taken."""
+        return FILES_PER_CONNECTION * self.max_connections + RESERVED_FILES
+
+    def fitted(self, open_files: Optional[int]) -> "Limits":
+        """These limits with ``max_connections`` lowered to what ``open_files`` allows."""
+        if open_files is None:
+            return self
+        most = max(1, (open_files - RESERVED_FILES) // FILES_PER_CONNECTION)
+        if self.max_connections <= most:
+            return self
+        return Limits(most, self.header_timeout, self.keep_alive_timeout)
+
+
+class _Every:
+    """True at most once per ``seconds`` (a warning that would repeat per connection)."""
+
+    def __init__(self, seconds: float = LOG_EVERY_SECONDS):
+        self.seconds, self.last = seconds, float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
+class ConnectionGuard:
+    """The bound on open connections and on the time to send request headers (see the module
+    docstring). :meth:`protocol` is the HTTP protocol class to hand to uvicorn."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._open: dict = {}  # transport -> None, oldest first
+        self._waiting: dict = {}  # transport -> timer, while its request headers are not all in
+        self.closed_for_room = 0
+        self.timed_out = 0
+        self._warn = _Every()
+        self._cls = None
+
+    def protocol(self):
+        """A subclass of uvicorn's own HTTP protocol class that reports to this guard."""
+        if self._cls is None:
+            from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+            self._cls = _guarded(AutoHTTPProtocol, self)
+        return self._cls
+
+    # -- what the protocol reports --
+
+    def admit(self, transport) -> None:
+        limit = self.limits.max_connections
+        if len(self._open) >= limit:
+            self._prune()
+        if len(self._open) >= limit:
+            victim = next(iter(self._waiting), None) or self._oldest_http()
+            self.closed_for_room += 1
+            if self._warn():
+                log.warning(
+                    "%d connections are open (--max-connections); closing the oldest one that "
+                    "has not finished its request (%d closed so far)",
+                    limit,
+                    self.closed_for_room,
+                )
+            if victim is None:  # every open connection is a WebSocket: the new one goes
+                transport.abort()
+                return
+            self._drop(victim)
+            victim.abort()
+        self._open[transport] = None
+        loop = asyncio.get_running_loop()
+        self._waiting[transport] = loop.call_later(
+            self.limits.header_timeout, self._expire, transport
+        )
+
+    def headers_done(self, transport) -> None:
+        timer = self._waiting.pop(transport, None)
+        if timer is not None:
+            timer.cancel()
+
+    def lost(self, transport) -> None:
+        self._drop(transport)
+
+    # -- internals --
+
+    def _drop(self, transport) -> None:
+        self._open.pop(transport, None)
+        self.headers_done(transport)
+
+    def _expire(self, transport) -> None:
+        self._waiting.pop(transport, None)
+        if isinstance(transport.get_protocol(), self.protocol()):  # not a WebSocket by now
+            self.timed_out += 1
+            transport.abort()
+
+    def _prune(self) -> None:
+        """Forget connections that have closed (a WebSocket's end is not reported here)."""
+        for t in [t for t in self._open if t.is_closing()]:
+            self._drop(t)
+
+    def _oldest_http(self):
+        cls = self.protocol()
+        return next(
+            (t for t in self._open if isinstance(t.get_protocol(), cls) and not t.is_closing()),
+            None,
+        )
+
+
+def _guarded(base, guard: ConnectionGuard):
+    class GuardedHTTPProtocol(base):
+        def connection_made(self, transport):
+            self._guard_transport = transport
+            self._guard_tail = b""
+            super().connection_made(transport)
+            guard.admit(transport)
+
+        def data_received(self, data: bytes) -> None:
+            if self._guard_tail is not None:
+                seen = self._guard_tail + data
+                if HEADERS_END in seen:
+                    self._guard_tail = None
+                    guard.headers_done(self._guard_transport)
+                else:
+                    self._guard_tail = seen[-(len(HEADERS_END) - 1) :]
+            super().data_received(data)
+
+        def connection_lost(self, exc):
+            guard.lost(self._guard_transport)
+            super().connection_lost(exc)
+
+    GuardedHTTPProtocol.__name__ = f"Guarded{base.__name__}"
+    return GuardedHTTPProtocol
+
+
+# --- the open-file limit ------------------------------------------------------------------
+
+
+def _resource():
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    return resource
+
+
+def _size(v, resource) -> float:
+    return float("inf") if v == resource.RLIM_INFINITY else v
+
+
+def _value(v: float, resource) -> int:
+    return resource.RLIM_INFINITY if v == float("inf") else int(v)
+
+
+def open_file_limits() -> Optional[Tuple[int, int]]:
+    """The process's (soft, hard) open-file limits, or None where there are none (Windows)."""
+    resource = _resource()
+    return None if resource is None else resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+@contextlib.contextmanager
+def open_file_limits_kept():
+    """While inside, ``resource.setrlimit`` may raise the soft open-file limit but neither
+    lower it nor touch the hard one.
+
+    ``mlx_lm.utils`` sets them to (2048, 4096) at its import ("for large models with lots of
+    files"); a process without privileges can never raise a hard limit again, so a server that
+    imported it unguarded could not have more than 4096 files open."""
+    resource = _resource()
+    if resource is None:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    real = resource.setrlimit
+
+    def setrlimit(which, limits):
+        if which == resource.RLIMIT_NOFILE:
+            soft, hard = resource.getrlimit(which)
+            wanted = min(_size(limits[0], resource), _size(hard, resource))
+            limits = (_value(max(_size(soft, resource), wanted), resource), hard)
+        return real(which, limits)
+
+    resource.setrlimit = setrlimit
+    try:
+        yield
+    finally:
+        resource.setrlimit = real
+
+
+def import_mlx_lm_keeping_limits() -> None:
+    """Import ``mlx_lm.utils`` (which loading the model does anyway) without its lowering of
+    the open-file limits (see :func:`open_file_limits_kept`)."""
+    with open_file_limits_kept():
+        importlib.import_module("mlx_lm.utils")
+
+
+def raise_open_file_limit(saved: Optional[Tuple[int, int]], wanted: int) -> Optional[int]:
+    """Put back the open-file limits ``saved`` if something lowered them since, and raise the
+    soft limit to ``wanted`` where the hard limit allows; returns the soft limit now in force
+    (None: no limit)."""
+    resource = _resource()
+    if resource is None:  # pragma: no cover - not a POSIX system
+        return None
+
+    def size(v):
+        return _size(v, resource)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard_wanted = saved[1] if saved is not None and size(saved[1]) > size(hard) else hard
+    floor = max(size(soft), size(saved[0]) if saved is not None else 0, wanted)
+    soft_wanted = _value(min(floor, size(hard_wanted)), resource)
+    if (soft_wanted, hard_wanted) != (soft, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft_wanted, hard_wanted))
+        except (ValueError, OSError):
+            # Raising a hard limit needs privileges: go as far as the current one allows.
+            fallback = _value(min(size(soft_wanted), size(hard)), resource)
+            if size(fallback) > size(soft):
+                try:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (fallback, hard))
+                except (ValueError, OSError):
+                    pass  # (macOS refuses a soft limit past kern.maxfilesperproc)
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if now == resource.RLIM_INFINITY else int(now)
+
+
+# --- logs ---------------------------------------------------------------------------------
+
+_QUERY_VALUE = re.compile(r"=[^&]*")
+
+
+def _redact(arg):
+    if isinstance(arg, str) and arg.startswith("/") and "?" in arg:
+        path, query = arg.split("?", 1)
+        return f"{path}?{_QUERY_VALUE.sub('=(hidden)', query)}"
+    return arg
+
+
+class RedactQuery(logging.Filter):
+    """Hides the values of a request's query string in uvicorn's request lines: a client may
+    put a secret there (``?api_key=...``) even though it is refused."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, str) for a in record.args):
+            record.args = tuple(_redact(a) for a in record.args)
+        return True
+
+
+class OncePer(logging.Filter):
+    """Lets a message that starts with ``prefix`` through at most once per ``seconds``,
+    without its traceback (asyncio logs each failed ``accept`` when files run out)."""
+
+    def __init__(self, prefix: str, seconds: float = LOG_EVERY_SECONDS):
+        super().__init__()
+        self.prefix, self._every = prefix, _Every(seconds)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        record.exc_info = None
+        record.exc_text = None
+        return self._every()
+
+
+def install_log_filters() -> None:
+    """The filters above on uvicorn's and asyncio's loggers (once per process)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactQuery) for f in logger.filters):
+            logger.addFilter(RedactQuery())
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, OncePer) for f in logger.filters):
+        logger.addFilter(OncePer("socket.accept() out of system resource"))
+
+
+def uvicorn_options(limits: Limits) -> dict:
+    """uvicorn settings for ``limits`` (its HTTP protocol behind a :class:`ConnectionGuard`),
+    with the log filters installed."""
+    install_log_filters()
+    return {
+        "http": ConnectionGuard(limits).protocol(),
+        "timeout_keep_alive": limits.keep_alive_timeout,
+    }

@@ -1,0 +1,162 @@
+"""What the connections of one server share (:class:`Server`: the model, the worker, the
+session slots, the settings) and what it admits: an API key, the browser origins that are its
+own (from the address a connection arrived at, never from the request's ``Host``) and how long
+a session's prompt may be (from the model's context and vocabulary)."""
+
+import hmac
+import ipaddress
+from typing import Iterable, List, Optional, Set
+
+import numpy as np
+
+from ..runtime.duplex import prompt_ids, resolve_system_prompt
+from ..runtime.tools import render_system_prompt
+from .wire import MODEL_INPUT_RATE
+from .worker import Worker
+
+SAMPLES_PER_FRAME = 1280  # 80 ms at 16 kHz, the session's input frame
+FRAME_SECONDS = SAMPLES_PER_FRAME / MODEL_INPUT_RATE
+KEY_PROTOCOL = "openai-insecure-api-key."
+MAX_PROMPT_TOKENS = 4096  # default bound of a session's prompt (instructions and tools), tokens
+
+
+class Server:
+    """What the connections share: the model, the worker, the session slots, the settings."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        model_id: str,
+        api_key: Optional[str],
+        max_sessions: int,
+        allow_origins: Iterable[str],
+        silence_feed: bool,
+        max_lag_seconds: float,
+        silence_grace_seconds: float,
+        commit_seconds: float,
+        max_reply_seconds: float,
+        chunk_frames: int,
+        send_queue_size: int,
+        stats_every_frames: int,
+        seed: int,
+        session_options: Optional[dict],
+        worker: Optional[Worker] = None,
+        idle_timeout: Optional[float] = None,
+        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    ):
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.model = model
+        self.model_id = model_id
+        self.api_key = api_key or None
+        self.max_sessions = int(max_sessions)
+        self.allow_origins = {o.rstrip("/") for o in allow_origins}
+        self.silence_feed = silence_feed
+        self.max_lag_seconds = float(max_lag_seconds)
+        self.silence_grace_seconds = float(silence_grace_seconds)
+        self.commit_frames = max(1, round(commit_seconds / FRAME_SECONDS))
+        self.max_reply_frames = max(1, round(max_reply_seconds / FRAME_SECONDS))
+        self.chunk_samples = max(1, int(chunk_frames)) * SAMPLES_PER_FRAME
+        self.send_queue_size = int(send_queue_size)
+        self.stats_every_frames = int(stats_every_frames)
+        self.seed = int(seed)
+        self.session_options = dict(session_options or {})
+        self.worker = Worker.shared() if worker is None else worker
+        self.idle_timeout = float(idle_timeout) if idle_timeout else None
+        self.max_prompt_tokens, self.max_instructions_chars = prompt_bounds(
+            model, max_prompt_tokens
+        )
+        self.active = 0
+        self.ready = False
+        self.sessions_served = 0
+
+    def open_session(self, instructions: Optional[str], tools=()):
+        """On the worker: a fresh streaming session with the client's instructions and tools."""
+        options = dict(self.session_options)
+        if tools:
+            options["tools"] = list(tools)
+        return self.model.session(instructions, seed=self.seed, **options)
+
+    def prompt_tokens(self, instructions: Optional[str], tools=()) -> int:
+        """The prompt's length in tokens (the tokenizer only: any thread but the worker's)."""
+        text = resolve_system_prompt(instructions)
+        if tools:
+            text = render_system_prompt(text, tools)
+        return len(prompt_ids(self.model, text))
+
+    def warm_up(self, frames: int = 4) -> None:
+        """On the worker: open a session and run a few frames, so the first client does not pay
+        for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
+        session = self.open_session(None)
+        try:
+            session.feed(np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
+        finally:
+            session.close()
+
+    # -- admission --
+
+    def authorized(self, headers, subprotocols: List[str]) -> bool:
+        if self.api_key is None:
+            return True
+        key = self.api_key.encode()
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), key):
+            return True
+        return any(
+            p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL) :].encode(), key)
+            for p in subprotocols
+        )
+
+    def origin_allowed(self, headers, local: Optional[tuple]) -> bool:
+        """A browser's ``Origin`` is the server's own (the address the connection arrived at,
+        ``local``) or one of ``allow_origins``; never judged by the request's ``Host``, which
+        a page whose name resolves to this address (DNS rebinding) sets as it likes."""
+        origin = headers.get("origin")
+        if origin is None:
+            return True  # not a browser
+        origin = origin.rstrip("/")
+        if origin in self.allow_origins or "*" in self.allow_origins:
+            return True
+        return origin.lower() in own_origins(local)
+
+
+def own_origins(local: Optional[tuple]) -> Set[str]:
+    """The origins of a page served from the socket address ``local`` (host, port): that
+    address, and for a loopback one ``localhost`` and the other loopback spellings."""
+    if not local or local[1] is None:
+        return set()
+    host, port = str(local[0]).lower(), int(local[1])
+    hosts = {host}
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        hosts |= {"localhost", "127.0.0.1", "::1"}
+    out = set()
+    for h in hosts:
+        name = f"[{h}]" if ":" in h else h
+        for scheme, default in (("http", 80), ("https", 443)):
+            out.add(f"{scheme}://{name}:{port}")
+            if port == default:
+                out.add(f"{scheme}://{name}")
+    return out
+
+
+def prompt_bounds(model, max_prompt_tokens: int):
+    """(tokens, characters) a session's prompt may have: at most ``max_prompt_tokens`` and the
+    LLM's context less one frame; in characters, that many of the vocabulary's longest token,
+    so that a longer prompt is refused before anything tokenizes it."""
+    tokens = int(max_prompt_tokens)
+    if tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+    config = getattr(model, "config", None)
+    context = getattr(getattr(config, "text_args", None), "max_position_embeddings", None)
+    if isinstance(context, int):
+        tokens = min(tokens, context - 1)
+    tokenizer = getattr(model, "tokenizer", None)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else None
+    if not vocab:
+        return tokens, None
+    return tokens, tokens * max(len(t) for t in vocab)
