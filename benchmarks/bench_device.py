@@ -83,10 +83,11 @@ def _use_device(name: str):
 
 
 def _build(args):
+    from mlx_voicechat.nemotron_voicechat import Model
     from mlx_voicechat.weights.random_model import random_model
 
     q = None if args.quantize == 0 else args.quantize
-    return random_model(args.scale, quantize=q, dtype=args.dtype, seed=0)
+    return random_model(args.scale, quantize=q, dtype=args.dtype, seed=0, model_class=Model)
 
 
 def worker_bench(args) -> None:

@@ -2,10 +2,10 @@
 each stage reads per frame, per-stage timers (an eval barrier after each stage), host reads and
 graph primitives per frame, and CUDA kernels per frame through PyTorch's profiler (CUPTI).
 
-Stage hooks wrap the functions a live frame calls (``StreamingPerception.push``,
-``duplex.think``, ``EarTTS.step_inputs``, ``Backbone.__call__``, ``EarTTS.generate_codes``,
-``AudioCodec.decode_step``, ``RNNTStream.queue``); a stage whose function the session no longer
-calls is reported as not seen, not guessed.
+Stage hooks wrap the functions a live frame calls (``FastConformer.step_rows``, the frame
+step's ``_think``, ``EarTTS.step_inputs``, ``Backbone.__call__``, ``EarTTS.generate_codes``,
+``AudioCodec.decode_step``, ``FrameDecoder.__call__``); a stage whose function the session no
+longer calls is reported as not seen, not guessed.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from mlx.utils import tree_flatten
 
 # (module, class or None for a module function, attribute, stage)
 STAGE_HOOKS = (
-    ("mlx_voicechat.runtime.frontend", "StreamingPerception", "push", "encoder"),
-    ("mlx_voicechat.runtime.frontend", "RNNTStream", "queue", "rnnt"),
-    ("mlx_voicechat.runtime.duplex", None, "think", "llm_heads"),
+    ("mlx_voicechat.nets.encoder", "FastConformer", "step_rows", "encoder"),
+    ("mlx_voicechat.nets.rnnt", "FrameDecoder", "__call__", "rnnt"),
+    ("mlx_voicechat.runtime.step", None, "_think", "llm_heads"),
     ("mlx_voicechat.nets.tts", "EarTTS", "step_inputs", "tts_inputs"),
-    ("mlx_voicechat.nets.tts", "Backbone", "__call__", "tts_backbone"),
+    ("mlx_voicechat.nets.tts_backbone", "Backbone", "__call__", "tts_backbone"),
     ("mlx_voicechat.nets.tts", "EarTTS", "generate_codes", "mog"),
     ("mlx_voicechat.nets.codec", "AudioCodec", "decode_step", "codec"),
 )

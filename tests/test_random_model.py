@@ -8,6 +8,7 @@ from mlx.utils import tree_flatten
 from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.factory import make_checkpoint
+from mlx_voicechat.nemotron_voicechat import Model
 from mlx_voicechat.weights.random_model import random_model
 
 
@@ -16,7 +17,7 @@ from mlx_voicechat.weights.random_model import random_model
 )
 def test_same_model_as_the_factory_checkpoint(tmp_path, options):
     disk = load(make_checkpoint(tmp_path / "c", "tiny", "mlx-community", seed=3, **options))
-    mem = random_model("tiny", seed=3, **options)
+    mem = random_model("tiny", seed=3, model_class=Model, **options)
     a, b = dict(tree_flatten(disk.parameters())), dict(tree_flatten(mem.parameters()))
     assert sorted(a) == sorted(b)
     for k in a:

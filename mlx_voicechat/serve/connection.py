@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -301,7 +301,7 @@ class Conversation:
                 elif isinstance(c, Append):
                     samples = self._frames_of(self._take_audio(c))
                     if samples.size:
-                        await self._feed(lambda s=samples: self.session.feed(s), samples.size)
+                        await self._feed(samples)
             except VoiceChatError as e:
                 self.fail("session_error", str(e), CLOSE_POLICY)
                 continue
@@ -377,14 +377,11 @@ class Conversation:
             samples = samples[:limit]
         return samples
 
-    async def _feed(self, job: Callable, samples: int) -> None:
-        def timed():
-            t = time.perf_counter()
-            events = job()
-            return events, time.perf_counter() - t
-
-        events, seconds = await self.server.worker.run(timed)
-        self.consumed += samples
+    async def _feed(self, samples: np.ndarray) -> None:
+        """Push whole frames of audio into the session; the server's next batched step runs
+        them (with every other conversation's frames that are in)."""
+        events, seconds = await self.server.stepper.feed(self.session, samples)
+        self.consumed += samples.size
         self.send(self.protocol.frames(events))
         self._stats["frames"] += len(events)
         self._stats["seconds"] += seconds
@@ -417,7 +414,8 @@ class Conversation:
         n = frames * SAMPLES_PER_FRAME
         self.position += n
         samples = self._frames_of(np.zeros(n, np.float32))
-        await self._feed(lambda: self.session.feed(samples), samples.size)
+        if samples.size:
+            await self._feed(samples)
         d["fed"] += frames
         replied = p.responses_done > d["done"]
         if p.response is None and (replied or d["fed"] >= self.server.commit_frames):

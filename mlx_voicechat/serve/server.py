@@ -9,8 +9,9 @@ from typing import Iterable, List, Optional, Set
 
 import numpy as np
 
-from ..runtime.duplex import prompt_ids, resolve_system_prompt
+from ..runtime.request import prompt_ids, resolve_system_prompt
 from ..runtime.tools import render_system_prompt
+from .stepper import Stepper
 from .wire import MODEL_INPUT_RATE
 from .worker import Worker
 
@@ -63,6 +64,7 @@ class Server:
         self.seed = int(seed)
         self.session_options = dict(session_options or {})
         self.worker = Worker.shared() if worker is None else worker
+        self.stepper = Stepper(model, self.worker, self.max_sessions)
         self.idle_timeout = float(idle_timeout) if idle_timeout else None
         self.max_prompt_tokens, self.max_instructions_chars = prompt_bounds(
             model, max_prompt_tokens
@@ -72,11 +74,12 @@ class Server:
         self.sessions_served = 0
 
     def open_session(self, instructions: Optional[str], tools=()):
-        """On the worker: a fresh streaming session with the client's instructions and tools."""
+        """On the worker: a new conversation of the server's batch with the client's
+        instructions and tools (see :mod:`.stepper`)."""
         options = dict(self.session_options)
         if tools:
             options["tools"] = list(tools)
-        return self.model.session(instructions, seed=self.seed, **options)
+        return self.stepper.open(instructions, seed=self.seed, **options)
 
     def prompt_tokens(self, instructions: Optional[str], tools=()) -> int:
         """The prompt's length in tokens (the tokenizer only: any thread but the worker's)."""
@@ -90,7 +93,7 @@ class Server:
         for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
         session = self.open_session(None)
         try:
-            session.feed(np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
+            self.stepper.run_now(session, np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
         finally:
             session.close()
 

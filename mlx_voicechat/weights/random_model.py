@@ -43,11 +43,12 @@ def random_model(
         quantize: 4 or 8 quantizes what the mlx-community checkpoints quantize (the LLM's
             mixer projections, its embedding and both heads); everything else keeps ``dtype``.
         dtype: ``float32``, ``bfloat16`` (the mlx-community checkpoints) or ``float16``.
-        model_class: the class to build (default: the user-facing
-            :class:`mlx_voicechat.nemotron_voicechat.Model`).
+        model_class: the class to build (default: the parameter tree,
+            :class:`mlx_voicechat.model.VoiceChatModel`; pass
+            :class:`mlx_voicechat.nemotron_voicechat.Model` for ``generate`` / ``session``).
     """
     if model_class is None:
-        from ..nemotron_voicechat import Model as model_class
+        from ..model import VoiceChatModel as model_class
     if quantize not in (None, 4, 8):
         raise VoiceChatError(f"quantize must be 4 or 8, not {quantize!r}")
     if dtype not in ("float32", "bfloat16", "float16"):
