@@ -401,29 +401,43 @@ def test_huge_extra_decoding_seconds_is_bounded_before_allocating(tiny, ckpt, qu
 
 
 def test_generate_from_other_threads(tiny, ckpt):
-    wave = _wave(0.4)
-    want = tiny.generate(wave, extra_decoding_seconds=0.0, seed=3)
+    """Each thread has its own input, prompt and seed and gets its own solo run's result: a
+    call that used another's state (or the model's from an earlier call) would not."""
     second = load(ckpt)
+    jobs = {  # name: (model, input, prompt, seed)
+        "other": (tiny, _wave(0.4, seed=1), "", 3),
+        "a": (tiny, _wave(0.4, seed=2), "Be brief.", 4),
+        "b": (second, _wave(0.48, seed=3), "Say more.", 5),
+    }
+
+    def generate(name):
+        model, wave, prompt, seed = jobs[name]
+        return model.generate(wave, system_prompt=prompt, extra_decoding_seconds=0.0, seed=seed)
+
+    want = {name: generate(name) for name in jobs}
+    for x, y in (("other", "a"), ("a", "b"), ("other", "b")):  # so that cross-talk would show
+        assert not np.array_equal(want[x].codes, want[y].codes)
     results, errors = {}, []
 
-    def run(name, model):
+    def run(name):
         try:
-            results[name] = model.generate(wave, extra_decoding_seconds=0.0, seed=3)
+            results[name] = generate(name)
         except Exception as e:  # reported below, with the thread's name
             errors.append(f"{name}: {type(e).__name__}: {e}")
 
-    t = threading.Thread(target=run, args=("other", tiny))
+    t = threading.Thread(target=run, args=("other",))
     t.start()
     t.join(timeout=120)
-    pair = [threading.Thread(target=run, args=(n, m)) for n, m in (("a", tiny), ("b", second))]
+    pair = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
     for t in pair:
         t.start()
     for t in pair:
         t.join(timeout=120)
     assert errors == []
-    for name in ("other", "a", "b"):
-        np.testing.assert_array_equal(results[name].codes, want.codes)
-        assert results[name].text_ids == want.text_ids
+    for name in jobs:
+        np.testing.assert_array_equal(results[name].codes, want[name].codes, err_msg=name)
+        assert results[name].text_ids == want[name].text_ids, name
+        np.testing.assert_array_equal(results[name].audio, want[name].audio, err_msg=name)
 
 
 def test_process_exits_cleanly_after_a_generating_thread(ckpt):

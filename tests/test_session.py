@@ -265,24 +265,32 @@ def test_cancel_feeds_silence_until_a_new_turn(tiny):
 
 
 def test_two_sessions_in_two_threads_equal_alone(tiny, tiny_offline):
-    wave = _wave(1.3)
+    """Each thread's session has its own input, prompt and seed and equals its own offline
+    run: a session that used the other's state would not."""
+    jobs = {"a": (_wave(1.3), "Be brief.", 3), "b": (_wave(1.1, seed=5), "Say more.", 8)}
+    offline = {"a": tiny_offline}
+    offline["b"] = tiny.generate(jobs["b"][0], system_prompt="Say more.", extra_decoding_seconds=0.5, seed=8)
+    assert offline["a"].codes.shape[1:] == offline["b"].codes.shape[1:]
+    assert not np.array_equal(offline["a"].codes[:5], offline["b"].codes[:5])
     results, errors = {}, []
 
-    def work(name, seed):
+    def work(name):
+        wave, prompt, seed = jobs[name]
         try:
-            s = tiny.session("Be brief.", seed=seed)
+            s = tiny.session(prompt, seed=seed)
             results[name] = _run(s, wave, _chunks(len(wave), 1280), extra=0.5)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(n, 3)) for n in ("a", "b")]
+    threads = [threading.Thread(target=work, args=(n,)) for n in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors
-    for name in ("a", "b"):
-        _same_as_offline(results[name], tiny_offline)
+    for name in jobs:
+        _same_as_offline(results[name], offline[name])
+    wave = jobs["a"][0]
     # a session made here and fed from another thread
     s = tiny.session("Be brief.", seed=3)
     box = []
