@@ -29,7 +29,6 @@ from mlx_voicechat.factory import make_checkpoint
 
 ROOT = Path(__file__).parent.parent
 NVIDIA = Path(__file__).parent / "fixtures" / "oracle" / "nvidia-layout"
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 SUBPROCESS_TIMEOUT = 120  # seconds, for each child interpreter
 
 
@@ -96,23 +95,54 @@ def _child(code, *args, env=None, cwd=ROOT):
     )
 
 
-def _deny(monkeypatch, path):
-    """Make reading ``path`` fail with EACCES: chmod 000 where that binds (not as root), else
-    an ``open`` that refuses it, which is what the OS does for a non-root user."""
-    path = Path(path)
-    if not IS_ROOT:
-        path.chmod(0)
-        return
-    import builtins
+# Root passes permission bits through two capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
+# bits 1 and 2). The child drops them from all its sets before anything else, so the kernel
+# checks the bits for it as for any user. (Running it as "nobody" instead needs an interpreter
+# and a checkout that user can read; a Python installed under /root is not.)
+_DROP_DAC_CAPABILITIES = """
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+    class Sets(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+    header, sets = Header(0x20080522, 0), (Sets * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if sys.platform.startswith("linux"):
+        if libc.capget(ctypes.byref(header), sets) != 0:
+            raise OSError(ctypes.get_errno(), "capget")
+        for name in ("effective", "permitted", "inheritable"):
+            setattr(sets[0], name, getattr(sets[0], name) & ~0b110)
+        if libc.capset(ctypes.byref(header), sets) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+"""
+_NOT_REFUSED = 77  # the child's exit code when the OS lets it past the permission bits
 
-    real_open = builtins.open
 
-    def guarded(file, *a, **k):
-        if isinstance(file, (str, os.PathLike)) and Path(file).resolve() == path.resolve():
-            raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, *a, **k)
-
-    monkeypatch.setattr(builtins, "open", guarded)
+def _unprivileged_cli(args, denied):
+    """Run the CLI in a child interpreter that file permissions bind (as root too: see
+    _DROP_DAC_CAPABILITIES); first it checks that the kernel itself refuses ``denied``
+    (EACCES), so the test sees the error the OS gives. Returns (exit code, stdout, stderr).
+    Skipped only off Linux as root, where no capability can be dropped."""
+    code = _DROP_DAC_CAPABILITIES + """
+    import errno, os, sys
+    denied, args = sys.argv[1], sys.argv[2:]
+    try:
+        if os.path.isdir(denied):
+            open(os.path.join(denied, "probe"), "x").close()
+        else:
+            open(denied, "rb").close()
+    except PermissionError as e:
+        assert e.errno == errno.EACCES, e
+    else:
+        sys.exit(%d)
+    from mlx_voicechat.cli import main
+    sys.exit(main(args))
+    """ % _NOT_REFUSED
+    r = _child(code, denied, *args)
+    if r.returncode == _NOT_REFUSED:
+        assert not sys.platform.startswith("linux"), f"{denied} is not refused after the drop"
+        pytest.skip("the OS does not refuse this user (root off Linux)")
+    return r.returncode, r.stdout, r.stderr
 
 
 # --- 1, 13: outputs are never destroyed --------------------------------------------------------
@@ -164,16 +194,17 @@ def test_read_only_output_is_refused_before_any_work(question, tmp_path, capsys)
     assert out.read_bytes() == b"precious" and stat.S_IMODE(out.stat().st_mode) == 0o444
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root may write into any folder")
-def test_unwritable_folder_is_refused_before_any_work(question, tmp_path, capsys):
+def test_unwritable_folder_is_refused_before_any_work(question, tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        rc, _, err = _cli(_generate_args(tmp_path / "no-model", question, folder / "r.wav"), capsys)
+        args = _generate_args(tmp_path / "no-model", question, folder / "r.wav")
+        rc, _, err = _unprivileged_cli(args, folder)
     finally:
         folder.chmod(0o755)
     _one_line_error(rc, err, f"cannot write {folder / 'r.wav'}", "no permission")
+    assert os.listdir(folder) == []
 
 
 def test_replaced_file_keeps_its_permissions(tiny, question, tmp_path):
@@ -553,11 +584,11 @@ def test_truncated_wav_warns_with_its_name(ckpt, tmp_path, capsys):
     assert f"mlx-voicechat transcribe: warning: audio file {cut} is truncated" in err
 
 
-def test_unreadable_audio_file(ckpt, question, tmp_path, capsys, monkeypatch):
+def test_unreadable_audio_file(ckpt, question, tmp_path):
     audio = tmp_path / "q.wav"
     shutil.copy(question, audio)
-    _deny(monkeypatch, audio)
-    rc, _, err = _cli(["transcribe", "--model", ckpt, "--audio", audio], capsys)
+    audio.chmod(0)
+    rc, _, err = _unprivileged_cli(["transcribe", "--model", ckpt, "--audio", audio], audio)
     _one_line_error(rc, err, f"cannot read audio file {audio}: Permission denied")
 
 
@@ -618,10 +649,10 @@ def test_config_json_that_is_a_list(ckpt, copy_of, capsys):
         load(folder)
 
 
-def test_unreadable_config_json(ckpt, copy_of, capsys, monkeypatch):
+def test_unreadable_config_json(ckpt, copy_of):
     folder = copy_of(ckpt)
-    _deny(monkeypatch, folder / "config.json")
-    rc, _, err = _cli(["info", folder], capsys)
+    (folder / "config.json").chmod(0)
+    rc, _, err = _unprivileged_cli(["info", folder], folder / "config.json")
     line = _one_line_error(rc, err, f"cannot read {folder / 'config.json'}: Permission denied")
     assert "JSON" not in line
 
