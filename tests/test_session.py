@@ -73,9 +73,27 @@ def test_oracle04_any_chunking_equals_offline(nvidia, io04, offline04, size):
     _same_as_offline(_run(s, wave, _chunks(len(wave), size)), offline04)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_oracle04_random_chunks_and_int16(nvidia, io04, offline04, seed):
+def _int16(wave):
+    return np.clip(np.round(wave * 32768), -32768, 32767).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def offline04_int16(nvidia, io04):
+    """Oracle 04 on an int16 copy of its audio, given to generate as the floats it stands for."""
+    return nvidia.generate(
+        _int16(io04["wav"][0]).astype(np.float32) / 32768,
+        prompt=io04["prompt_tokens"][0].tolist(),
+        extra_decoding_seconds=0.0,
+        noise=_noise(io04),
+    )
+
+
+@pytest.mark.parametrize("seed, int16", [(0, False), (1, True)])
+def test_oracle04_random_chunks_and_int16(nvidia, io04, offline04, offline04_int16, seed, int16):
     wave = io04["wav"][0]
+    if int16:  # fed as int16 samples: the session scales them by 1/32768
+        wave, offline04 = _int16(wave), offline04_int16
+        assert wave.dtype == np.int16
     s = nvidia.session(prompt=io04["prompt_tokens"][0].tolist(), noise=_noise(io04))
     _same_as_offline(_run(s, wave, _random_chunks(len(wave), seed)), offline04)
 
