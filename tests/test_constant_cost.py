@@ -6,6 +6,7 @@ key / value rows, at the rate ``session.memory_per_minute()`` states.
 What a session holds is found by walking its objects (weights excluded), not by naming its
 attributes, so the test follows the state wherever it lives."""
 
+import functools
 import json
 import re
 import shutil
@@ -107,7 +108,7 @@ def long_session(tiny_checkpoints, tmp_path_factory):
     for k in range(1, FULL[1] + 1):
         chunk = wave[1280 * k - 1081 : 1280 * k + 199]
         if k in FULL:
-            graphs[k], events = _graph_ops(lambda: s.feed(chunk))
+            graphs[k], events = _graph_ops(functools.partial(s.feed, chunk))
         else:
             events = s.feed(chunk)
         assert [e.index for e in events] == [k]
