@@ -2,7 +2,9 @@
 clear error. Through the public entry points: the CLI (``mlx_voicechat.cli.main`` and
 subprocesses), ``mlx_voicechat.load``, ``mlx_lm.load`` and ``mlx_audio.sts``.
 
-Device-like outputs are tested with FIFOs and symlinks in temporary folders, never /dev/null.
+Device-like outputs are FIFOs, symlinks and character devices: /dev/null itself only from a
+process that cannot replace it (a user's, or root's child after it drops to "nobody"), else a
+null device made in a temporary folder, so a regression can never replace the machine's.
 """
 
 import json
@@ -164,6 +166,58 @@ def test_fifo_output_is_written_through(ckpt, question, tmp_path, capsys):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still a FIFO, not a regular file
     assert got["bytes"][:4] == b"RIFF" and got["bytes"][8:12] == b"WAVE"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reply.fifo"]
+
+
+def _is_null_device(path):
+    st = os.stat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat("/dev/null").st_rdev
+
+
+def test_dev_null_output_is_written_through():
+    """save_wav and the output check on /dev/null itself, in a child that cannot create files
+    in /dev (as root it drops to "nobody" once its imports are done)."""
+    code = """
+        import os, sys
+        import numpy as np
+        import soundfile  # imported while the interpreter's folder is still readable
+        from mlx_voicechat.runtime.audio import check_output, save_wav
+
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        assert not os.access("/dev", os.W_OK)  # a replacement of /dev/null would fail
+        assert str(check_output("/dev/null")) == "/dev/null"
+        assert str(save_wav("/dev/null", np.zeros(1764, np.float32), 22050)) == "/dev/null"
+        print("written")
+    """
+    r = _child(code, cwd="/")
+    assert r.returncode == 0 and r.stdout == "written\n", r.stderr[-2000:]
+    assert _is_null_device("/dev/null")
+
+
+@pytest.fixture
+def null_device(tmp_path):
+    """A character device to write to: /dev/null where this user cannot replace it, else (as
+    root) a null device of our own in ``tmp_path``."""
+    if not os.access("/dev", os.W_OK):
+        return Path("/dev/null")
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
+        node.write_bytes(b"probe")
+    except OSError as e:  # no CAP_MKNOD, or a nodev file system
+        pytest.skip(f"cannot make a character device here ({e.strerror})")
+    return node
+
+
+def test_character_device_output_is_written_through(tiny, ckpt, question, null_device, capsys):
+    rc, _, err = _cli(_generate_args(ckpt, question, null_device), capsys)
+    assert rc == 0, err
+    tiny.generate(_wave(0.3), extra_decoding_seconds=0.0).save(null_device)
+    assert _is_null_device(null_device)  # still the device, not a file put in its place
+    if null_device.parent != Path("/dev"):
+        assert os.listdir(null_device.parent) == ["null"]  # no temporary file left beside it
 
 
 def test_symlink_output_writes_its_target(tiny, ckpt, question, tmp_path, capsys):
