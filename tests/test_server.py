@@ -697,3 +697,58 @@ def test_a_session_that_ends_by_itself_says_so_and_closes(short):
 
     run(main())
     wait_free(short)
+
+
+@pytest.fixture(scope="module")
+def two_slots(model, worker):
+    """`serve --max-sessions 2`: two conversations at a time."""
+    app = create_app(
+        model, silence_feed=False, max_sessions=2, stats_every_frames=1, worker=worker,
+        warmup=False,
+    )
+    s = _start(app)
+    yield s
+    s.__exit__(None, None, None)
+
+
+def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model, worker):
+    inputs = {"a": noise(1.2, 16000, seed=11), "b": noise(1.0, 16000, seed=12)}
+    chunks = {k: [x[i : i + 1000] for i in range(0, len(x), 1000)] for k, x in inputs.items()}
+    refs = {k: reference(worker, model, c) for k, c in chunks.items()}
+    assert [f.text_id for f in refs["a"]][:12] != [f.text_id for f in refs["b"]][:12]
+
+    async def main():
+        clients = {k: await connect(two_slots) for k in inputs}
+        for c in clients.values():
+            await native_rates(c)
+        assert json.loads(http(two_slots, "/health")[1])["sessions"] == 2
+        third = await websockets.connect(ws_url(two_slots), open_timeout=TIMEOUT)
+        e = json.loads(await asyncio.wait_for(third.recv(), TIMEOUT))
+        assert e["type"] == "error" and e["error"]["code"] == "server_busy"
+        assert "all 2 session(s)" in e["error"]["message"]
+        with pytest.raises(websockets.ConnectionClosed):
+            await asyncio.wait_for(third.recv(), TIMEOUT)
+        assert third.close_code == 1013
+        for i in range(max(len(c) for c in chunks.values())):  # both stream at once
+            for k, c in clients.items():
+                if i < len(chunks[k]):
+                    await c.append(chunks[k][i])
+        for k, c in clients.items():
+            await c.until_frames(len(refs[k]))
+        await clients["a"].ws.close()
+        deadline = time.monotonic() + TIMEOUT
+        while json.loads(http(two_slots, "/health")[1])["sessions"] != 1:
+            assert time.monotonic() < deadline, "the closed session's slot was not freed"
+            await asyncio.sleep(0.05)
+        again = await connect(two_slots)  # a freed slot takes a new conversation
+        await again.ws.close()
+        await clients["b"].ws.close()
+        return {k: c.events for k, c in clients.items()}
+
+    events = run(main())
+    for k in inputs:  # each conversation is its own session's, as if it were alone
+        got, want = responses(events[k]), expected_responses(refs[k], 22050)
+        assert want and len(got) == len(want), k
+        for (_, audio, text, _), (w_audio, w_text, _) in zip(got, want):
+            assert audio == w_audio and text == w_text, k
+    wait_free(two_slots)
