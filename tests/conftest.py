@@ -58,11 +58,12 @@ _PY_BF_GETBUFFER = 1
 
 
 def _hook_buffer_protocol(on_request):
-    """Make every granted buffer-protocol request on an mx.array (``np.array(x)``, ``np.asarray(x)``,
-    ``np.frombuffer(x)``, ``memoryview(x)``, ``bytearray(x)``, a numpy ufunc or operator on
-    ``x``, ``file.write(x)``...) call ``on_request()`` first; returns the function that undoes
-    it. The C slot ``bf_getbuffer`` of mx.array's type is swapped for a ctypes callback that
-    calls the original: no Python-level patch can reach it, and numpy converts inside C."""
+    """Make every granted buffer-protocol request on an mx.array (``np.array(x)``,
+    ``np.asarray(x)``, ``np.frombuffer(x)``, ``memoryview(x)``, ``bytearray(x)``, a numpy ufunc
+    or operator on ``x``, ``file.write(x)``...) call ``on_request()``; returns the function
+    that undoes it. The C slot ``bf_getbuffer`` of mx.array's type is swapped for a ctypes
+    callback that calls the original: no Python-level patch can reach it, and numpy converts
+    inside C."""
     import ctypes
 
     import mlx.core as mx

@@ -287,7 +287,9 @@ def test_two_sessions_in_two_threads_equal_alone(tiny, tiny_offline):
     run: a session that used the other's state would not."""
     jobs = {"a": (_wave(1.3), "Be brief.", 3), "b": (_wave(1.1, seed=5), "Say more.", 8)}
     offline = {"a": tiny_offline}
-    offline["b"] = tiny.generate(jobs["b"][0], system_prompt="Say more.", extra_decoding_seconds=0.5, seed=8)
+    offline["b"] = tiny.generate(
+        jobs["b"][0], system_prompt="Say more.", extra_decoding_seconds=0.5, seed=8
+    )
     assert offline["a"].codes.shape[1:] == offline["b"].codes.shape[1:]
     assert not np.array_equal(offline["a"].codes[:5], offline["b"].codes[:5])
     results, errors = {}, []
