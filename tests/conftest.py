@@ -63,24 +63,99 @@ def io04():
     return dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
 
 
-SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
+#: mx.array methods through which a value reaches the host. The int() / float() / complex() /
+#: bool() / operator.index() / bytes() / repr() / format() / pickle built-ins go through these
+#: (the type's slots call them), so patching the methods counts those calls too.
+HOST_METHODS = (
+    "item", "tolist", "__array__", "__int__", "__float__", "__complex__", "__bool__", "__index__",
+    "__bytes__", "__repr__", "__format__", "__dlpack__", "__getstate__",
+)
+#: mlx functions that make the host wait for the device: explicit evals, and the writers.
+WAITING_FUNCTIONS = (
+    "eval", "synchronize", "save", "savez", "savez_compressed", "save_safetensors", "save_gguf",
+)
+#: Py_bf_getbuffer in CPython's typeslots.h (a stable-ABI constant).
+_PY_BF_GETBUFFER = 1
+
+
+def _hook_buffer_protocol(on_request):
+    """Make every granted buffer-protocol request on an mx.array (``np.array(x)``,
+    ``np.asarray(x)``, ``np.frombuffer(x)``, ``memoryview(x)``, ``bytearray(x)``, a numpy ufunc
+    or operator on ``x``, ``file.write(x)``...) call ``on_request()``; returns the function
+    that undoes it. The C slot ``bf_getbuffer`` of mx.array's type is swapped for a ctypes
+    callback that calls the original: no Python-level patch can reach it, and numpy converts
+    inside C."""
+    import ctypes
+
+    import mlx.core as mx
+
+    api = ctypes.pythonapi
+    api.PyType_GetSlot.restype = ctypes.c_void_p
+    api.PyType_GetSlot.argtypes = [ctypes.py_object, ctypes.c_int]
+    original = api.PyType_GetSlot(mx.array, _PY_BF_GETBUFFER)
+    # tp_as_buffer is the 21st pointer-sized word of a PyTypeObject (object header of 3 words,
+    # then tp_name ... tp_setattro): the same from CPython 3.8 on. Checked, not trusted: the
+    # first field of the PyBufferProcs it points to must be the slot PyType_GetSlot reports.
+    procs = ctypes.c_void_p.from_address(id(mx.array) + 20 * ctypes.sizeof(ctypes.c_void_p))
+    slot = ctypes.c_void_p.from_address(procs.value) if procs.value else None
+    if not original or slot is None or slot.value != original:
+        raise RuntimeError("sync_count: cannot find mx.array's bf_getbuffer slot on this Python")
+    signature = (ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int)
+    call_original = ctypes.PYFUNCTYPE(*signature)(original)  # keeps the GIL, like the caller
+
+    def counting(obj, view, flags):
+        status = call_original(obj, view, flags)
+        if status == 0:
+            on_request()
+        return status
+
+    callback = ctypes.CFUNCTYPE(*signature)(counting)
+    slot.value = ctypes.cast(callback, ctypes.c_void_p).value
+
+    def undo():
+        slot.value = original
+        undo.callback = None  # the callback lives as long as the slot points at it
+
+    undo.callback = callback
+    return undo
 
 
 @pytest.fixture
 def sync_count(monkeypatch):
-    """Counts host reads of array values and explicit evals."""
+    """Counts every way an MLX array's value reaches the host, and every explicit wait.
+
+    A host read is any of: a reading method or the built-in behind it (``HOST_METHODS``:
+    ``tolist``, ``item``, ``int(x)``, ``bool(x)``, ``bytes(x)``, ``repr(x)`` ...), a
+    buffer-protocol request (``np.array(x)``, ``np.asarray(x)``, ``memoryview(x)``, any numpy
+    function or operator given ``x``), or an mlx function that waits for the device
+    (``WAITING_FUNCTIONS``: ``mx.eval``, ``mx.synchronize``, the writers). ``mx.async_eval``
+    and lazy operations do not count.
+
+    Why this way: the buffer protocol is a C slot of mx.array's type, which numpy, memoryview
+    and the rest call from C, so patching Python names (``numpy.asarray``...) would miss
+    the calls made inside numpy and any we did not think of; MLX has no hook on the waits
+    themselves. So the fixture swaps the slot itself (see ``_hook_buffer_protocol``) and
+    patches the methods, which the built-ins reach through the type's slots.
+    ``tests/test_sync_counter.py`` checks that each way counts exactly once."""
     import mlx.core as mx
 
     count = [0]
 
+    def bump():
+        count[0] += 1
+
     def counting(orig):
         def f(*a, **k):
-            count[0] += 1
-            return orig(*a, **k)
+            out = orig(*a, **k)
+            bump()  # after: a refused conversion (bytearray(x) tries __index__ first) reads nothing
+            return out
 
         return f
 
-    for name in SYNC_METHODS:
+    for name in HOST_METHODS:
         monkeypatch.setattr(mx.array, name, counting(getattr(mx.array, name)))
-    monkeypatch.setattr(mx, "eval", counting(mx.eval))
-    return count
+    for name in WAITING_FUNCTIONS:
+        monkeypatch.setattr(mx, name, counting(getattr(mx, name)))
+    undo = _hook_buffer_protocol(bump)
+    yield count
+    undo()

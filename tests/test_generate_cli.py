@@ -59,7 +59,7 @@ def test_mlx_voicechat_generate_subprocess(tiny_checkpoints, question, tmp_path)
     assert _check_wav(out) == 17
 
 
-def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path):
+def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path, capsys):
     out = tmp_path / "reply.wav"
     res = subprocess.run(
         [
@@ -83,9 +83,21 @@ def test_mlx_audio_sts_generate_subprocess(tiny_checkpoints, question, tmp_path)
         timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    frames = _check_wav(out)
-    assert frames > 0
-    assert out.with_suffix(".txt").exists()
+    # The same run through our own command (mlx-audio's default: 3 s of trailing silence):
+    # the same text, and audio within 2 LSB (mlx-audio's PCM16 writer rounds differently; a
+    # code that differed would change whole frames by far more).
+    ours = tmp_path / "ours.wav"
+    rc = main(["generate", "--model", str(tiny_checkpoints["mlx-community"]), "--audio",
+               str(question), "--output-audio", str(ours), "-p", "Be brief.", "--seed", "1",
+               "--extra-decoding-seconds", "3", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out.splitlines()[1]
+    assert out.with_suffix(".txt").read_text(encoding="utf-8") == text + "\n"
+    assert _check_wav(out) == _check_wav(ours) == 48  # 0.75 s + 3 s: 60000 samples
+    theirs, _ = sf.read(str(out), dtype="int16")
+    mine, _ = sf.read(str(ours), dtype="int16")
+    assert np.abs(theirs.astype(np.int32) - mine).max() <= 2
+    assert np.abs(mine).max() > 100  # speech, not silence
 
 
 def test_cli_in_process_prints_reply(tiny_checkpoints, question, tmp_path, capsys):

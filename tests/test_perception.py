@@ -207,4 +207,7 @@ def test_bfloat16_weights_run_in_bfloat16(oracle01):
     _, _, encoded = half(mx.array(io["wav"]))
     assert encoded.dtype == mx.bfloat16
     ref = io["encoder_out_bdt"].transpose(0, 2, 1)
-    assert _max_err(encoded.astype(mx.float32), ref) < 0.1 * float(np.abs(ref).max())
+    # Measured against NeMo's float32 output (peak 2.92, on the CPU): every element within
+    # 0.027 + 2% of its value (largest error 0.039, 1.3% of the peak; median relative error
+    # 0.9%, bfloat16's 8 mantissa bits through two layers). Bound: 0.04 + 2%.
+    np.testing.assert_allclose(np.array(encoded.astype(mx.float32)), ref, rtol=0.02, atol=0.04)

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -526,32 +527,35 @@ def test_session_immutable_after_audio(plain):
     run(main())
 
 
-def test_busy_1013_while_another_session_computes(plain):
+def test_busy_1013_while_another_session_computes(plain, worker):
+    """The first session's frames are held behind a job on the worker (a latch) while the
+    second client connects: the busy answer needs no worker and comes while the first
+    session computes, whatever the machine's speed."""
+    latch = threading.Event()
+
     async def main():
         first = await connect(plain)
         await native_rates(first)
         x = noise(1.5, 16000)
         frames = (len(x) - 199) // 1280 + 1
-        await first.append(x, chunk=len(x))
-        await first.until_frames(1)  # the worker is busy with the first session's frames
-
-        async def last_stats():  # arrival time of the first session's last frames
-            e = await first.until_frames(frames)
-            return e, time.monotonic()
-
-        reader = asyncio.create_task(last_stats())
+        held = worker.submit(latch.wait, 2 * TIMEOUT)  # the worker is busy until released
+        await first.append(x, chunk=len(x))  # its frames queue behind the latch
         second = await websockets.connect(ws_url(plain), open_timeout=TIMEOUT)
         e = json.loads(await asyncio.wait_for(second.recv(), TIMEOUT))
-        busy_at = time.monotonic()
         assert e["type"] == "error" and e["error"]["code"] == "server_busy" and e["event_id"]
         with pytest.raises(websockets.ConnectionClosed):
             await asyncio.wait_for(second.recv(), TIMEOUT)
         assert second.close_code == 1013
-        _, done_at = await reader
-        assert busy_at < done_at  # answered while the first session was still computing
+        assert not held.done()  # answered while the first session's frames were still to run
+        latch.set()
+        assert held.result(TIMEOUT) is True
+        await first.until_frames(frames)  # then the first session goes on
         await first.ws.close()
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        latch.set()  # never leave the shared worker parked
 
 
 def test_cancel_keeps_the_session(plain):
@@ -572,14 +576,15 @@ def test_cancel_keeps_the_session(plain):
         assert done["response"]["id"] == rid and done["response"]["status"] == "cancelled"
         assert done["response"]["output"][0]["status"] == "incomplete"
         n = len(c.events)
-        frames = c.events[-1]["frames"] if c.events[-1]["type"] == "x-voicechat.stats" else 0
+        frames = [e["frames"] for e in c.events if e["type"] == "x-voicechat.stats"][-1]
         await c.append(x[sent : sent + 12800])
-        await c.until_frames(frames + 9)  # the session goes on
+        await c.until_frames(frames + 9)  # the session goes on: 9 frames more than before
         later = c.events[n:]
         assert not [e for e in later if e.get("response_id") == rid]
         # quiet from the cancel on: nothing is spoken until the model starts a new turn
-        spoken = [e for e in later if e["type"] == "response.output_audio.delta"]
-        assert not spoken or any(e["type"] == "response.created" for e in later)
+        kinds = [e["type"] for e in later]
+        opened = kinds.index("response.created") if "response.created" in kinds else len(kinds)
+        assert "response.output_audio.delta" not in kinds[:opened]
         await c.ws.close()
 
     run(main())
@@ -692,3 +697,58 @@ def test_a_session_that_ends_by_itself_says_so_and_closes(short):
 
     run(main())
     wait_free(short)
+
+
+@pytest.fixture(scope="module")
+def two_slots(model, worker):
+    """`serve --max-sessions 2`: two conversations at a time."""
+    app = create_app(
+        model, silence_feed=False, max_sessions=2, stats_every_frames=1, worker=worker,
+        warmup=False,
+    )
+    s = _start(app)
+    yield s
+    s.__exit__(None, None, None)
+
+
+def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model, worker):
+    inputs = {"a": noise(1.2, 16000, seed=11), "b": noise(1.0, 16000, seed=12)}
+    chunks = {k: [x[i : i + 1000] for i in range(0, len(x), 1000)] for k, x in inputs.items()}
+    refs = {k: reference(worker, model, c) for k, c in chunks.items()}
+    assert [f.text_id for f in refs["a"]][:12] != [f.text_id for f in refs["b"]][:12]
+
+    async def main():
+        clients = {k: await connect(two_slots) for k in inputs}
+        for c in clients.values():
+            await native_rates(c)
+        assert json.loads(http(two_slots, "/health")[1])["sessions"] == 2
+        third = await websockets.connect(ws_url(two_slots), open_timeout=TIMEOUT)
+        e = json.loads(await asyncio.wait_for(third.recv(), TIMEOUT))
+        assert e["type"] == "error" and e["error"]["code"] == "server_busy"
+        assert "all 2 session(s)" in e["error"]["message"]
+        with pytest.raises(websockets.ConnectionClosed):
+            await asyncio.wait_for(third.recv(), TIMEOUT)
+        assert third.close_code == 1013
+        for i in range(max(len(c) for c in chunks.values())):  # both stream at once
+            for k, c in clients.items():
+                if i < len(chunks[k]):
+                    await c.append(chunks[k][i])
+        for k, c in clients.items():
+            await c.until_frames(len(refs[k]))
+        await clients["a"].ws.close()
+        deadline = time.monotonic() + TIMEOUT
+        while json.loads(http(two_slots, "/health")[1])["sessions"] != 1:
+            assert time.monotonic() < deadline, "the closed session's slot was not freed"
+            await asyncio.sleep(0.05)
+        again = await connect(two_slots)  # a freed slot takes a new conversation
+        await again.ws.close()
+        await clients["b"].ws.close()
+        return {k: c.events for k, c in clients.items()}
+
+    events = run(main())
+    for k in inputs:  # each conversation is its own session's, as if it were alone
+        got, want = responses(events[k]), expected_responses(refs[k], 22050)
+        assert want and len(got) == len(want), k
+        for (_, audio, text, _), (w_audio, w_text, _) in zip(got, want):
+            assert audio == w_audio and text == w_text, k
+    wait_free(two_slots)

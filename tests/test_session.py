@@ -73,9 +73,27 @@ def test_oracle04_any_chunking_equals_offline(nvidia, io04, offline04, size):
     _same_as_offline(_run(s, wave, _chunks(len(wave), size)), offline04)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_oracle04_random_chunks_and_int16(nvidia, io04, offline04, seed):
+def _int16(wave):
+    return np.clip(np.round(wave * 32768), -32768, 32767).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def offline04_int16(nvidia, io04):
+    """Oracle 04 on an int16 copy of its audio, given to generate as the floats it stands for."""
+    return nvidia.generate(
+        _int16(io04["wav"][0]).astype(np.float32) / 32768,
+        prompt=io04["prompt_tokens"][0].tolist(),
+        extra_decoding_seconds=0.0,
+        noise=_noise(io04),
+    )
+
+
+@pytest.mark.parametrize("seed, int16", [(0, False), (1, True)])
+def test_oracle04_random_chunks_and_int16(nvidia, io04, offline04, offline04_int16, seed, int16):
     wave = io04["wav"][0]
+    if int16:  # fed as int16 samples: the session scales them by 1/32768
+        wave, offline04 = _int16(wave), offline04_int16
+        assert wave.dtype == np.int16
     s = nvidia.session(prompt=io04["prompt_tokens"][0].tolist(), noise=_noise(io04))
     _same_as_offline(_run(s, wave, _random_chunks(len(wave), seed)), offline04)
 
@@ -265,24 +283,34 @@ def test_cancel_feeds_silence_until_a_new_turn(tiny):
 
 
 def test_two_sessions_in_two_threads_equal_alone(tiny, tiny_offline):
-    wave = _wave(1.3)
+    """Each thread's session has its own input, prompt and seed and equals its own offline
+    run: a session that used the other's state would not."""
+    jobs = {"a": (_wave(1.3), "Be brief.", 3), "b": (_wave(1.1, seed=5), "Say more.", 8)}
+    offline = {"a": tiny_offline}
+    offline["b"] = tiny.generate(
+        jobs["b"][0], system_prompt="Say more.", extra_decoding_seconds=0.5, seed=8
+    )
+    assert offline["a"].codes.shape[1:] == offline["b"].codes.shape[1:]
+    assert not np.array_equal(offline["a"].codes[:5], offline["b"].codes[:5])
     results, errors = {}, []
 
-    def work(name, seed):
+    def work(name):
+        wave, prompt, seed = jobs[name]
         try:
-            s = tiny.session("Be brief.", seed=seed)
+            s = tiny.session(prompt, seed=seed)
             results[name] = _run(s, wave, _chunks(len(wave), 1280), extra=0.5)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(n, 3)) for n in ("a", "b")]
+    threads = [threading.Thread(target=work, args=(n,)) for n in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors
-    for name in ("a", "b"):
-        _same_as_offline(results[name], tiny_offline)
+    for name in jobs:
+        _same_as_offline(results[name], offline[name])
+    wave = jobs["a"][0]
     # a session made here and fed from another thread
     s = tiny.session("Be brief.", seed=3)
     box = []

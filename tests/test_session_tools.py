@@ -84,23 +84,72 @@ def test_a_call_comes_out_and_its_result_is_injected_frame_by_frame(tiny):
 
 
 def test_malformed_and_unfinished_calls_are_errors_and_the_session_goes_on(tiny):
+    cfg = tiny.config
     tok = tiny.tokenizer
     s = tiny.session("Be brief.", tools=[WEATHER])
     events = _force_call(s, _call_ids(tok, "<TOOLCALL>[{not json</TOOLCALL>"))
-    assert any("JSON" in m or "json" in m for e in events for m in e.errors)
+    assert [e.errors for e in events] == [[]] * (len(events) - 1) + [[
+        "malformed tool call (not JSON: Expecting property name enclosed in double quotes: "
+        "line 1 column 3 (char 2)): '[{not json'"
+    ]]
+    assert not any(e.tool_calls for e in events)
     start = tok.convert_tokens_to_ids("<SPECIAL_20>")
-    _force_call(s, [start] + tok.encode('[{"name": "get_weather"', add_special_tokens=False))
-    last = s.finish(0.2)
-    assert last and any("unfinished" in m or "never" in m or "end" in m for m in last[-1].errors)
+    partial = tok.encode('[{"name": "get_weather"', add_special_tokens=False)
+    events = _force_call(s, [start] + partial)
+    for _ in range(4):  # the frames finish() makes write pad: the call stays as forced
+        s.force(function_id=cfg.pad_token_id)
+    last = s.finish(0.1)
+    assert not any(e.errors for e in events + last[:-1])
+    assert last[-1].errors == [
+        f"the model started a tool call that never ended ({len(partial)} tokens written); "
+        "it was dropped"
+    ]
 
 
-def test_generate_with_tools_returns_calls(tiny):
-    out = tiny.generate(_wave(0.5), system_prompt="Be brief.", tools=[WEATHER], seed=0,
-                        extra_decoding_seconds=0.2)
-    assert out.tool_calls == [] or all(c.name == "get_weather" for c in out.tool_calls)
-    assert isinstance(out.tool_errors, list)
-    plain = tiny.generate(_wave(0.5), system_prompt="Be brief.", seed=0, extra_decoding_seconds=0.2)
-    assert plain.tool_calls == []
+class _ScriptedHead:
+    """Stands in for the function head: frame k's logits put ``script[k]`` first (pad after
+    the script), so generate's function channel is exactly the script."""
+
+    def __init__(self, script, vocab, pad):
+        self.script, self.vocab, self.pad, self.frame = list(script), vocab, pad, 0
+
+    def __call__(self, h):
+        import mlx.core as mx
+
+        k, self.frame = self.frame, self.frame + 1
+        i = self.script[k] if k < len(self.script) else self.pad
+        one_hot = (mx.arange(self.vocab) == i).astype(h.dtype)
+        return mx.broadcast_to(one_hot, h.shape[:-1] + (self.vocab,))
+
+
+def _generate_scripted(model, monkeypatch, script, **kw):
+    """generate() with the function channel written by ``script``, which ends before the
+    audio (0.5 s and enough trailing silence) does."""
+    cfg = model.config
+    head = _ScriptedHead(script, cfg.text_args.vocab_size, cfg.pad_token_id)
+    monkeypatch.setattr(model.stt_model, "function_head", head)
+    seconds = len(script) * cfg.frame_duration
+    out = model.generate(_wave(0.5), system_prompt="Be brief.", seed=0,
+                         extra_decoding_seconds=seconds, **kw)
+    assert head.frame == out.frames and out.function_ids[: len(script)] == script
+    return out
+
+
+def test_generate_with_tools_returns_calls(tiny, monkeypatch):
+    tok = tiny.tokenizer
+    pad = tiny.config.pad_token_id
+    call = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
+    empty = "<TOOLCALL>[]</TOOLCALL>"
+    script = [pad] * 2 + _call_ids(tok, call) + [pad] + _call_ids(tok, empty)
+    out = _generate_scripted(tiny, monkeypatch, script, tools=[WEATHER])
+    # the session with the same seed names the same call the same
+    s = tiny.session("Be brief.", tools=[WEATHER], seed=0)
+    (want,) = [c for e in _force_call(s, _call_ids(tok, call)) for c in e.tool_calls]
+    assert (want.name, want.arguments) == ("get_weather", '{"city":"Paris"}')
+    assert out.tool_calls == [want]
+    assert out.tool_errors == ["the model wrote a tool call with no calls in it: []"]
+    plain = _generate_scripted(tiny, monkeypatch, script)
+    assert plain.tool_calls == [] and plain.tool_errors == []  # no tools: not parsed
 
 
 def test_cli_tools_file(tiny_checkpoints, tmp_path, capsys):
