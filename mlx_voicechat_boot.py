@@ -15,12 +15,72 @@ mlx-lm is touched): ``load_config`` refuses NVIDIA's raw VoiceChat release (a Ne
 without ``model_type``, which mlx-lm cannot read) with one clear line instead of a bare
 ``KeyError``, and ``load_model`` hands a VoiceChat model its tokenizer and RNNT vocabulary
 (``Model.post_load_hook``), so that a model from ``mlx_lm.load`` can ``generate``.
+
+``MLX_VOICECHAT_BLAS=openblas`` (or the path of a BLAS library; unset or empty: the ``mlx[cpu]``
+wheel's own) loads that BLAS globally before mlx is first imported, so that MLX's CPU matrix
+products run on it (Linux only; OpenBLAS is looked for where Debian and Ubuntu install it). A
+request that cannot be honoured is one line on stderr; ``mlx-voicechat info --system`` says
+which BLAS is in effect.
 """
 
 import os
 import sys
 
 _TRUE_OFF = ("0", "false", "no", "off")
+BLAS_ENV = "MLX_VOICECHAT_BLAS"
+#: What the hook did about MLX_VOICECHAT_BLAS: None (not asked), the library it loaded, or
+#: ("not loaded", why).
+BLAS = None
+
+
+def _warn(message):
+    sys.stderr.write("mlx-voicechat: " + message + "\n")
+
+
+def openblas_candidates():
+    """Where Debian / Ubuntu put OpenBLAS (the pthread build first), then the linker's search."""
+    arch = os.uname().machine + "-linux-gnu"
+    roots = ["/usr/lib/" + arch, "/usr/lib64", "/usr/lib"]
+    out = []
+    for root in roots:
+        for sub in ("openblas-pthread/", "openblas-openmp/", "openblas-serial/", ""):
+            out.append(root + "/" + sub + "libopenblas.so.0")
+    return out + ["libopenblas.so.0"]
+
+
+def load_blas():
+    """Honour MLX_VOICECHAT_BLAS (see the module docstring); returns what :data:`BLAS` says."""
+    global BLAS
+    want = os.environ.get(BLAS_ENV, "").strip()
+    if not want:
+        return BLAS
+    if not sys.platform.startswith("linux"):
+        BLAS = ("not loaded", "only MLX's Linux CPU backend uses a BLAS library of its own")
+        _warn("%s=%s has no effect here: %s" % (BLAS_ENV, want, BLAS[1]))
+        return BLAS
+    if "mlx.core" in sys.modules:
+        BLAS = ("not loaded", "mlx was imported before mlx-voicechat's start-up hook")
+        _warn("%s=%s has no effect: %s (the wheel's BLAS stays in effect)" % (BLAS_ENV, want, BLAS[1]))
+        return BLAS
+    import ctypes
+
+    paths = openblas_candidates() if want.lower() == "openblas" else [want]
+    errors = []
+    for path in paths:
+        if "/" in path and not os.path.exists(path):
+            continue
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            errors.append(str(e))
+            continue
+        BLAS = path
+        return BLAS
+    why = errors[-1] if errors else "not found in " + ", ".join(p for p in paths if "/" in p)
+    BLAS = ("not loaded", why)
+    hint = " (Debian / Ubuntu: apt-get install libopenblas0-pthread)" if want.lower() == "openblas" else ""
+    _warn("%s=%s: cannot load it: %s; the wheel's BLAS stays in effect%s" % (BLAS_ENV, want, why, hint))
+    return BLAS
 
 
 def _group_and_rest(fullname):
@@ -196,3 +256,4 @@ def install():
 
 
 install()
+load_blas()

@@ -70,8 +70,8 @@ def write_microphone_wav(path: Path) -> Path:
 
 
 class CountingModel:
-    """The real model; the sessions it opens count the frames they emit (what the server
-    consumed), nothing else changes."""
+    """The real model; the session batch the server opens counts the frames its steps emit
+    (what the server consumed), nothing else changes."""
 
     def __init__(self, model):
         self._model = model
@@ -80,29 +80,21 @@ class CountingModel:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
-    def session(self, *args, **kwargs):
-        return CountingSession(self, self._model.session(*args, **kwargs))
+    def session_batch(self, *args, **kwargs):
+        return CountingBatch(self, self._model.session_batch(*args, **kwargs))
 
 
-class CountingSession:
-    def __init__(self, owner: CountingModel, session):
-        self._owner, self._session = owner, session
+class CountingBatch:
+    def __init__(self, owner: CountingModel, batch):
+        self._owner, self._batch = owner, batch
 
     def __getattr__(self, name):
-        return getattr(self._session, name)
+        return getattr(self._batch, name)
 
-    def _count(self, events):
-        self._owner.frames += len(events)
-        return events
-
-    def feed(self, *args, **kwargs):
-        return self._count(self._session.feed(*args, **kwargs))
-
-    def silence(self, *args, **kwargs):
-        return self._count(self._session.silence(*args, **kwargs))
-
-    def finish(self, *args, **kwargs):
-        return self._count(self._session.finish(*args, **kwargs))
+    def step(self):
+        out = self._batch.step()
+        self._owner.frames += sum(len(events) for events in out.values())
+        return out
 
 
 API_KEY = "browser-test-key"

@@ -95,10 +95,18 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def session(self, *args, **kwargs):
-        s = self.model.session(*args, **kwargs)
-        self.sessions.append(s)
-        return s
+    def session_batch(self, *args, **kwargs):
+        """The server's batch, whose conversations are recorded as they open."""
+        batch = self.model.session_batch(*args, **kwargs)
+        opened = batch.open
+
+        def open_and_record(*a, **k):
+            s = opened(*a, **k)
+            self.sessions.append(s)
+            return s
+
+        batch.open = open_and_record
+        return batch
 
 
 def test_function_call_output_over_the_socket(model, worker):

@@ -1,5 +1,6 @@
 """``mlx-voicechat info``: layout, dtypes, quantization and parameter counts per network,
-read from the safetensors headers without loading a weight."""
+read from the safetensors headers without loading a weight; ``--system``: MLX, its devices and
+the BLAS in effect."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from collections import OrderedDict
 
 def add_parser(subparsers):
     p = subparsers.add_parser("info", help="describe a checkpoint without loading its weights")
-    p.add_argument("model", help="checkpoint folder or hub id")
+    p.add_argument("model", nargs="?", help="checkpoint folder or hub id")
+    p.add_argument(
+        "--system",
+        action="store_true",
+        help="also (or only) describe this process: MLX, its devices and the BLAS in effect",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
     return p
@@ -146,7 +152,26 @@ def _human(n: int) -> str:
 
 
 def run(args) -> int:
+    if args.model is None and not args.system:
+        from ..errors import VoiceChatError
+
+        raise VoiceChatError("info needs a checkpoint (a folder or hub id), or --system")
+    if args.system:
+        from ..runtime.system import system_info
+
+        system = system_info()
+        if args.json and args.model is None:
+            print(json.dumps(system, indent=2))
+            return 0
+        if not args.json:
+            for k, v in system.items():
+                if k != "blas_mapped":
+                    print(f"{k:<15}{v if v is not None else '-'}")
+        if args.model is None:
+            return 0
     info = checkpoint_info(args.model)
+    if args.system:
+        info["system"] = system
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -28,10 +28,16 @@ class Stepper:
     """Sessions of ``model`` in one batch of ``max_sessions``, all MLX work on ``worker``."""
 
     def __init__(self, model, worker, max_sessions: int):
-        self.worker = worker
-        self.batch = model.session_batch(max_sessions=max_sessions)
+        self.model, self.worker, self.max_sessions = model, worker, max_sessions
+        self._batch = None  # made with the first conversation, on the worker
         self._waiting: List[tuple] = []  # (handle, future, loop) pushed since the last step
         self._scheduled = False
+
+    @property
+    def batch(self):
+        if self._batch is None:
+            self._batch = self.model.session_batch(max_sessions=self.max_sessions)
+        return self._batch
 
     def open(self, *args, **kwargs):
         """On the worker: a new conversation of the batch (joins at its first frame)."""
