@@ -23,12 +23,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..config import VoiceChatConfig
+from ..config.asr import is_recognizer_config
 from ..errors import CheckpointError
 from ..files import read_json
 from ..nets.layout import use_cpu_layout
 from .sanitize import sanitize_module
 
-WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]
+WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]  # ASR too
 TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -306,6 +307,10 @@ def load(
     folder = resolve_path(path_or_hub_id, revision=revision)
     raw = read_config(folder)
     raw["model_path"] = str(folder)
+    if is_recognizer_config(raw):  # Nemotron-3.5-ASR: mlx_voicechat.recognizer.Recognizer
+        from .asr_loading import load_recognizer
+
+        return load_recognizer(folder, raw, lazy=lazy)
     config = VoiceChatConfig.from_dict(raw)
     files = weight_files(folder)
     model = model_class(config)
