@@ -280,7 +280,7 @@ class TranscriptionSession:
         self.language = self._events.language
         return self._events.complete(row.tokens[n0:], row.frames[n0:], upto)
 
-    # -- what the session has -----------------------------------------------------------------------
+    # -- what the session has ------------------------------------------------------------------
 
     @property
     def tokens(self) -> List[int]:
