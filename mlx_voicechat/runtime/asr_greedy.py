@@ -8,18 +8,21 @@ cursor advances without a step; decoding stops when the cursor passes the last f
 clip's steps are its tokens plus its blank steps, and ``steps + forced advances = tokens +
 frames``.
 
-Here one step is one compiled call (:meth:`GreedyDecoder.step`, the analogue of the notes' CUDA
-graph) over ``B`` rows, each with its own frame cursor, symbol count, prediction and LSTM state,
-all on the device: the LSTM runs for every row and is adopted by the rows that emitted (as
-Transformers' batched decoder does). Nothing is read per step. A *round* queues ``N`` steps and
-reads their codes at once (one host read): per row and step, the token emitted, -1 for a blank
-step, -2 once the row had no frame left; the host replays the cursor rule on them to place each
-token on its frame. A round sized to the frames left plus half as many tokens settles a chunk of
-speech in one read.
+While the prediction is unchanged the labels of the next frames are independent, so one
+compiled call (:meth:`GreedyDecoder._build`, the analogue of the notes' CUDA graph) runs the
+joint over a window of ``WINDOW`` frames from each row's cursor and takes the first non-blank:
+it settles a run of blank steps and the token after it (the notes' steps, exactly), runs the
+LSTM on that token and adopts its state where a row emitted, as Transformers' batched decoder
+does. Every row has its own cursor, symbol count, prediction and LSTM state, on the device, and
+nothing is read per call. A *round* queues ``N`` calls and reads them at once (one host read):
+per row and call, the blank steps taken and the token emitted (or -1); the host replays the
+cursor rule on them to place each token on its frame and count the steps. A round is sized to
+the frames left and the tokens expected, so a chunk of speech takes one read.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -28,8 +31,9 @@ import numpy as np
 
 from ..nets.compiled import FrozenCompile
 
-BLANK_STEP, IDLE = -1, -2
-MAX_ROUND_STEPS = 256  # steps queued before one read, at most
+NO_TOKEN = -1
+WINDOW = 8  # frames whose joint one call evaluates under one prediction
+MAX_ROUND_CALLS = 64  # calls queued before one read, at most
 
 
 @dataclass
@@ -77,25 +81,33 @@ class GreedyDecoder:
     def _build(self):
         decoder, joint = self.net.decoder, self.net.joint
         blank, max_symbols = self.blank, self.max_symbols
+        w = mx.arange(WINDOW, dtype=mx.int32)
 
         def step(e, pred, h, c, t, sym, length, base, last):
-            active = t < length
-            x = e + pred
+            """``e`` [B, W, J]: the frames from each row's cursor on."""
+            valid = (t[:, None] + w[None, :]) < length[:, None]
+            x = e + pred[:, None, :]
             for layer in joint.joint_net:
                 x = layer(x)
-            k = mx.argmax(x, axis=-1).astype(mx.int32)
-            emit = active & (k != blank)
-            out, (h2, c2) = decoder(k[:, None], (h, c))
+            labels = mx.argmax(x, axis=-1).astype(mx.int32)  # [B, W]
+            token = valid & (labels != blank)
+            emit = mx.any(token, axis=-1)
+            j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
+            k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
+            jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
+            t = t + jump
+            sym = mx.where(jump > 0, 0, sym)
+            out, (h2, c2) = decoder(mx.where(emit, k, 0)[:, None], (h, c))
             pred2 = joint.project_prediction(out[:, -1])
             keep = emit[None, :, None]
             h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
             pred = mx.where(emit[:, None], pred2, pred)
-            sym = mx.where(emit, sym + 1, 0)
-            advance = active & (mx.logical_not(emit) | (sym >= max_symbols))
-            t = t + advance.astype(mx.int32)
-            sym = mx.where(advance, 0, sym)
-            code = mx.where(emit, k, mx.where(active, BLANK_STEP, IDLE))
-            index = base + mx.minimum(t, last)  # where the next step reads its frame
+            sym = mx.where(emit, sym + 1, sym)
+            forced = emit & (sym >= max_symbols)
+            t = t + forced.astype(mx.int32)
+            sym = mx.where(forced, 0, sym)
+            code = mx.stack([jump, mx.where(emit, k, NO_TOKEN)], axis=-1)
+            index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
             return code, pred, h, c, t, sym, index
 
         return mx.compile(step)
@@ -125,27 +137,31 @@ class GreedyDecoder:
         """Whether some row has a frame left before its length (in frames)."""
         return any(r.frame < n for r, n in zip(self.rows, lengths))
 
-    def round(self, lengths: List[int], steps: Optional[int] = None) -> None:
-        """Queue ``steps`` steps (default: sized to the frames left) over rows whose frames
-        before ``lengths[b]`` are pushed, read their codes (one host read) and replay them."""
+    def round(self, lengths: List[int], calls: Optional[int] = None) -> None:
+        """Queue ``calls`` calls (default: sized to the frames left and the tokens expected)
+        over rows whose frames before ``lengths[b]`` are pushed, read their codes (one host
+        read) and replay them."""
         B = self.batch
         left = max(n - r.frame for r, n in zip(self.rows, lengths))
         if left <= 0:
             return
-        if steps is None:
-            steps = min(left + left // 2 + 2, MAX_ROUND_STEPS)
+        if calls is None:
+            calls = -(-left // WINDOW) + math.ceil(self._rate() * left) + 2
+            calls = min(calls, MAX_ROUND_CALLS)
         T = self._frames.shape[1]
         flat = self._frames.reshape(B * T, -1)
         base = mx.arange(B, dtype=mx.int32) * T - self._start
         last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
         length = mx.array(lengths, dtype=mx.int32)
         fn = self._frozen.get((B, self.blank, self.max_symbols))
-        index = base + mx.minimum(self._t, last)
+        w = mx.arange(WINDOW, dtype=mx.int32)
+        index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])
         pred, h, c, t, sym = self._pred, self._h, self._c, self._t, self._sym
         codes = []
-        for _ in range(steps):
-            e = mx.take(flat, index, axis=0)
-            code, pred, h, c, t, sym, index = fn(e, pred, h, c, t, sym, length, base, last)
+        for _ in range(calls):
+            code, pred, h, c, t, sym, index = fn(
+                mx.take(flat, index, axis=0), pred, h, c, t, sym, length, base, last
+            )
             codes.append(code)
         self._pred, self._h, self._c, self._t, self._sym = pred, h, c, t, sym
         read = np.array(mx.stack(codes, axis=1).tolist(), dtype=np.int64)  # the round's read
@@ -154,15 +170,22 @@ class GreedyDecoder:
             self._replay(r, row)
         self._drop_consumed()
 
+    def _rate(self) -> float:
+        """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds:
+        a call past the last token is wasted work, one too few costs another read."""
+        frames = sum(r.frame for r in self.rows)
+        tokens = sum(len(r.tokens) for r in self.rows)
+        return 0.25 if frames < 2 * WINDOW else min(max(tokens / frames, 0.05), 2.0)
+
     def _replay(self, r: RowState, codes: np.ndarray) -> None:
-        for code in codes:
-            if code == IDLE:
-                break
-            r.steps += 1
-            if code == BLANK_STEP:
-                r.frame, r.symbols = r.frame + 1, 0
+        for jump, token in codes:
+            if jump:
+                r.steps += int(jump)
+                r.frame, r.symbols = r.frame + int(jump), 0
+            if token == NO_TOKEN:
                 continue
-            r.tokens.append(int(code))
+            r.steps += 1
+            r.tokens.append(int(token))
             r.frames.append(r.frame)
             r.symbols += 1
             if r.symbols >= self.max_symbols:

@@ -1,0 +1,229 @@
+"""Nemotron-3.5-ASR: our runtime against mlx-audio's on the same random weights, in one run.
+
+    python benchmarks/bench_asr.py [--dir DIR] [--scales tiny,small] [--seconds 60]
+                                   [--batch-seconds 15] [--seed N] [--blas both]
+
+Writes a random-weight recognizer per scale with the factory (mlx-audio's layout, cached in
+``--dir``) and, per scale, in one subprocess (after a 1 s warm-up of each path):
+
+- offline: ours ``model.transcribe(x, edge="mlx-audio")`` against mlx-audio's
+  ``model.generate(x)`` (its zero-padded STFT, errata 1), wall time each, and whether the
+  tokens are equal (mlx-audio leaves the language tags out of its tokens);
+- live, per 80 ms of audio: ours ``model.session()`` fed 1280-sample chunks, then ``finish``,
+  against mlx-audio's ``create_streaming_session()`` fed the same chunks with ``step()`` called
+  after each feed until its queue holds less than one of its encoder chunks, then ``close`` and
+  ``step`` to the end; wall time over the input's 80 ms frames;
+- batched: ours ``model.transcribe([...])`` on 1, 4 and 16 clips of ``--batch-seconds`` each,
+  as audio seconds per wall second, and against the 1-clip run's rate.
+
+``--blas both`` runs everything twice: on the BLAS the MLX wheel ships and, where the system
+has one, with OpenBLAS preloaded (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS=1``), which speeds up
+MLX's CPU matrix products a great deal without changing this package. Random models emit
+nothing or ``max_symbols`` tokens per frame as often as not: by default the first seed whose
+rate on this input is speech-like is taken (the rate is printed, as tokens per frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+CHUNK = 1280  # 80 ms at 16 kHz
+
+
+def _noise(n: int, seed: int):
+    import numpy as np
+
+    # Quiet noise with a slow envelope, a stand-in for speech's loud and quiet stretches.
+    rng = np.random.default_rng(seed)
+    env = 0.05 + 0.1 * np.abs(np.sin(np.arange(n) / 16000.0 * 1.7))
+    return (env * rng.standard_normal(n)).astype(np.float32)
+
+
+def _their_live(model, x):
+    s = model.create_streaming_session()
+    limit = s._encoder.chunk_mel * model.preprocessor_config.hop_length
+    for i in range(0, len(x), CHUNK):
+        s.feed(x[i : i + CHUNK])
+        while s._encoded or s._queued >= limit:
+            s.step()
+    s.close()
+    while not s.done:
+        s.step()
+
+
+def worker(path: str, seconds: float, batch_seconds: float) -> dict:
+    import mlx.core as mx
+    from mlx_audio.stt.models.nemotron_asr import tokenizer
+    from mlx_audio.stt.utils import load_model
+
+    from mlx_voicechat import load
+
+    ours = load(path)
+    theirs = load_model(path)
+    theirs.preprocessor_config.pad_mode = "constant"  # NeMo's zero padding (errata 1)
+    x = _noise(int(seconds * 16000), 1)
+    frames = len(x) // CHUNK
+    warm = x[:16000]
+    ours.transcribe(warm, edge="mlx-audio")
+    theirs.generate(mx.array(warm))
+    s = ours.session()
+    for i in range(0, len(warm), CHUNK):
+        s.feed(warm[i : i + CHUNK])
+    s.finish()
+    _their_live(theirs, warm)
+    out = {"frames": frames, "seconds": seconds, "path": Path(path).name}
+
+    t = time.perf_counter()
+    r = ours.transcribe(x, edge="mlx-audio")
+    out["ours_offline_s"] = time.perf_counter() - t
+    out["phases_ms"] = [r.timings.mel_ms, r.timings.encoder_ms, r.timings.decode_ms]
+    out["tokens"], out["steps"] = len(r.tokens), r.steps
+    t = time.perf_counter()
+    g = theirs.generate(mx.array(x))
+    out["theirs_offline_s"] = time.perf_counter() - t
+    their_tokens = [tok.id for sent in g.sentences for tok in sent.tokens]
+    kept = [k for k in r.tokens if not tokenizer.is_special_token(k, theirs.vocabulary)]
+    out["tokens_equal"] = kept == their_tokens
+
+    t = time.perf_counter()
+    s = ours.session()
+    for i in range(0, len(x), CHUNK):
+        s.feed(x[i : i + CHUNK])
+    s.finish()
+    out["ours_live_s"] = time.perf_counter() - t
+    out["ours_live_reads"] = s.reads
+    live_tokens = s.tokens
+    t = time.perf_counter()
+    _their_live(theirs, x)
+    out["theirs_live_s"] = time.perf_counter() - t
+    out["live_equals_offline"] = live_tokens == ours.transcribe(x).tokens
+
+    batch = {}
+    for n in (1, 4, 16):
+        clips = [_noise(int(batch_seconds * 16000) - 997 * i, 10 + i) for i in range(n)]
+        audio = sum(len(c) for c in clips) / 16000
+        t = time.perf_counter()
+        ours.transcribe(clips)
+        batch[n] = audio / (time.perf_counter() - t)
+    out["batch_rate"] = batch
+    return out
+
+
+def _machine() -> str:
+    import platform
+
+    cpus = os.cpu_count()
+    try:
+        import mlx.core as mx
+
+        device = str(mx.default_device())
+    except Exception:
+        device = "?"
+    return f"{cpus} CPUs, {platform.machine()} {platform.system()}, MLX {device}"
+
+
+def report(scale: str, blas: str, r: dict) -> None:
+    f = r["frames"]
+    print(
+        f"\n## {scale}, {blas} BLAS: {r['seconds']:.0f} s of audio ({f} frames), "
+        f"{r['tokens']} tokens ({r['tokens'] / max(f, 1):.2f} per frame), {r['steps']} steps"
+    )
+    mel, enc, dec = r["phases_ms"]
+    print(
+        f"offline  ours {r['ours_offline_s']:.2f} s (mel {mel:.0f} / encoder {enc:.0f} / "
+        f"decode {dec:.0f} ms), mlx-audio generate {r['theirs_offline_s']:.2f} s: "
+        f"{r['ours_offline_s'] / r['theirs_offline_s']:.2f}x; tokens equal: "
+        f"{'yes' if r['tokens_equal'] else 'NO'}"
+    )
+    ours, theirs = 1000 * r["ours_live_s"] / f, 1000 * r["theirs_live_s"] / f
+    print(
+        f"live     ours {ours:.2f} ms per 80 ms ({r['ours_live_reads']} reads), mlx-audio "
+        f"session {theirs:.2f} ms: {ours / theirs:.2f}x; live tokens = offline: "
+        f"{'yes' if r['live_equals_offline'] else 'NO'}"
+    )
+    rates = r["batch_rate"]
+    one = rates["1"]
+    cells = ", ".join(
+        f"{n} clips {v:.1f}x real time ({v / one:.2f}x of 1)" for n, v in rates.items()
+    )
+    print(f"batched  {cells}")
+
+
+def _rate(path: Path) -> float:
+    """Tokens per frame of this random model on 5 s of the benchmark's input."""
+    from mlx_voicechat import load
+
+    r = load(path).transcribe(_noise(80000, 1))
+    return len(r.tokens) / r.encoder_frames
+
+
+def _checkpoint(root: Path, scale: str, seed, make) -> Path:
+    """The scale's checkpoint for ``seed``, or (``seed`` None) for the first seed from 0 on
+    whose token rate is speech-like (0.1 to 1 per frame): random weights often emit nothing,
+    or ``max_symbols`` tokens at most frames, and either would measure something else."""
+    for s in [seed] if seed is not None else range(32):
+        path = root / f"asr-{scale}-seed{s}"
+        if not (path / "config.json").exists():
+            make(path, scale, "mlx-audio", seed=s)
+        if seed is not None or 0.1 <= _rate(path) <= 1.0:
+            return path
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=str(Path.home() / ".cache" / "mlx-voicechat-bench"))
+    ap.add_argument("--scales", default="tiny,small")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--batch-seconds", type=float, default=15.0)
+    ap.add_argument("--seed", type=int, default=None, help="default: the first speech-like one")
+    ap.add_argument("--blas", default="both", choices=["reference", "openblas", "both"])
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.seconds, args.batch_seconds)))
+        return 0
+
+    from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
+
+    modes = ["reference", "openblas"] if args.blas == "both" else [args.blas]
+    if "openblas" in modes and not os.path.exists(OPENBLAS):
+        print(f"(no {OPENBLAS}: OpenBLAS runs skipped)")
+        modes = [m for m in modes if m != "openblas"]
+    print(f"# bench_asr: {_machine()}")
+    for scale in args.scales.split(","):
+        path = _checkpoint(Path(args.dir), scale, args.seed, make_recognizer_checkpoint)
+        for mode in modes:
+            env = dict(os.environ)
+            if mode == "openblas":
+                env.update(LD_PRELOAD=OPENBLAS, OPENBLAS_NUM_THREADS="1")
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(path),
+                "--seconds",
+                str(args.seconds),
+                "--batch-seconds",
+                str(args.batch_seconds),
+            ]
+            done = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=args.timeout
+            )
+            if done.returncode:
+                print(f"## {scale}, {mode}: the worker failed\n{done.stderr[-2000:]}")
+                continue
+            report(scale, mode, json.loads(done.stdout.strip().splitlines()[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
