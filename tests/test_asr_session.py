@@ -86,7 +86,7 @@ def test_state_stays_bounded(asr):
     x = noise(16000 * 30, 9)
     for i in range(0, len(x), 4000):
         s.feed(x[i : i + 4000])
-    assert s.frames == 364 and len(s._y) <= 4000 + 512
+    assert s.frames == 364 and len(s._y) <= 14 * 1280 + 4000 + 512
     assert s._mel.shape[0] <= 14 * 8 + 3 * 8
     assert all(c.keys.shape[2] <= 56 for c in s._cache.layers)
     assert s._decoder._frames.shape[1] <= 2 * 14
@@ -131,3 +131,31 @@ def test_voicechat_checkpoint_transcribes_live(tiny):
     assert "".join(e.text for e in events) == offline.text and events[-1].final
     with pytest.raises(TranscriptionError, match="no language prompt"):
         open_transcription(tiny, language="en-US")
+
+
+def test_compiled_chunk_step_equals_op_by_op(asr):
+    """A stream's whole chunks on a full left context run as one compiled call: the same
+    values as the encoder step op by op, and the same session events."""
+    import mlx.core as mx
+
+    enc = asr.encoder
+    d = enc.cfg.d_model
+    x = [mx.array(noise(14 * d, i).reshape(1, 14, d)) for i in range(7)]
+    outs = {}
+    for compiled in (True, False):
+        enc.use_compiled_chunk = compiled
+        cache, ys = enc.make_cache(), []
+        for chunk in x:
+            y, cache = enc.step(chunk, cache)
+            ys.append(y)
+        outs[compiled] = mx.concatenate(ys, axis=1)
+    enc.use_compiled_chunk = True
+    assert enc._steady_chunk(x[0], cache)
+    assert np.allclose(np.array(outs[True]), np.array(outs[False]), atol=1e-5, rtol=1e-5)
+    audio = noise(16000 * 6, 3)
+    events = {}
+    for compiled in (True, False):
+        enc.use_compiled_chunk = compiled
+        events[compiled] = [(e.index, e.tokens) for e in run(asr.session(), audio, [1280] * 75)]
+    enc.use_compiled_chunk = True
+    assert events[True] == events[False]

@@ -30,7 +30,15 @@ import mlx.nn as nn
 
 from ..config import ConfigError
 from ..config.asr import ASRConfig
-from .perception import NEG_INF, PRE_ENCODE_CONTEXT, EncoderCache, FastConformer, context_mask
+from .compiled import FrozenCompile
+from .perception import (
+    NEG_INF,
+    PRE_ENCODE_CONTEXT,
+    EncoderCache,
+    FastConformer,
+    LayerCache,
+    context_mask,
+)
 from .rnnt import RNNTDecoder, RNNTJoint
 
 EDGES = ("nemo", "mlx-audio")
@@ -148,10 +156,15 @@ class RecognizerEncoder(FastConformer):
         b, t, f, c = x.shape
         return sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
 
+    #: Run a stream's whole chunks on a full left context as one compiled call (:meth:`_chunk`).
+    use_compiled_chunk = True
+
     def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
         """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
         masked too, so no row attends to its padding through the lookahead."""
         if lengths is None:
+            if self._steady_chunk(x, cache):
+                return self._chunk(x, cache)
             return super().step(x, cache)
         left, right = self.cfg.att_context_size
         T = x.shape[1]
@@ -168,6 +181,45 @@ class RecognizerEncoder(FastConformer):
             x, c = layer(x, layer.self_attn.positions(pos_emb), mask, c, valid, self.left_context)
             new.append(c)
         return x, EncoderCache(new, cache.offset + T)
+
+    # --- one chunk of a stream ----------------------------------------------------------------
+
+    def _steady_chunk(self, x: mx.array, cache: EncoderCache) -> bool:
+        """A whole chunk on a full left context: from one such chunk to the next every shape
+        of :meth:`step` is the same and every key is visible, so it can run compiled."""
+        size, left = self.cfg.att_context_size[1] + 1, self.left_context
+        if not self.use_compiled_chunk or not left or x.shape[1] != size or cache.offset % size:
+            return False
+        return all(c.context == left and c.conv is not None for c in cache.layers)
+
+    def _chunk_fn(self):
+        """:meth:`step` on a steady chunk as a function of ``(x, *positions, *cache arrays)``
+        (the layers' weights are constants of the trace, rebuilt when they change: see
+        ``nets.compiled``); the mask it would add is all zeros, so there is none."""
+        ctx, n = self.left_context, len(self.layers)
+
+        def run(x, *arrays):
+            pos, caches = arrays[:n], arrays[n:]
+            out = []
+            for i, layer in enumerate(self.layers):
+                x, c = layer(x, pos[i], None, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
+                out += [c.keys, c.values, c.conv]
+            return (x, *out)
+
+        return mx.compile(run)
+
+    def _chunk(self, x: mx.array, cache: EncoderCache):
+        """:meth:`step` on a steady chunk (:meth:`_steady_chunk`) as one compiled call: the
+        chunk's small operations fused (the same values as op by op, tested)."""
+        frozen = self.__dict__.get("_chunk_frozen")
+        if frozen is None:
+            frozen = FrozenCompile(self._chunk_fn, lambda: [self])
+            object.__setattr__(self, "_chunk_frozen", frozen)
+        pos_emb = self.pos_enc.pos_emb_for(self.left_context + x.shape[1], x.dtype)
+        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
+        x, *arrays = frozen.get()(x, *pos, *cache.arrays())
+        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
+        return x, EncoderCache(layers, cache.offset + x.shape[1])
 
     def encode(
         self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames: int = OFFLINE_CHUNK_FRAMES

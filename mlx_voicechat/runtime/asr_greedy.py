@@ -9,7 +9,7 @@ clip's steps are its tokens plus its blank steps, and ``steps + forced advances 
 frames``.
 
 While the prediction is unchanged the labels of the next frames are independent, so one
-compiled call (:meth:`GreedyDecoder._build`, the analogue of the notes' CUDA graph) runs the
+compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) runs the
 joint over a window of ``WINDOW`` frames from each row's cursor and takes the first non-blank:
 it settles a run of blank steps and the token after it (the notes' steps, exactly), runs the
 LSTM on that token and adopts its state where a row emitted, as Transformers' batched decoder
@@ -49,6 +49,42 @@ class RowState:
     frames: List[int] = field(default_factory=list)  # the frame of each token
 
 
+def build_step(net):
+    """The compiled call (see the module docstring) for ``net``'s decoder and joint."""
+    decoder, joint = net.decoder, net.joint
+    blank, max_symbols = net.config.blank_id, net.config.max_symbols
+    w = mx.arange(WINDOW, dtype=mx.int32)
+
+    def step(e, pred, h, c, t, sym, length, base, last):
+        """``e`` [B, W, J]: the frames from each row's cursor on."""
+        valid = (t[:, None] + w[None, :]) < length[:, None]
+        x = e + pred[:, None, :]
+        for layer in joint.joint_net:
+            x = layer(x)
+        labels = mx.argmax(x, axis=-1).astype(mx.int32)  # [B, W]
+        token = valid & (labels != blank)
+        emit = mx.any(token, axis=-1)
+        j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
+        k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
+        jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
+        t = t + jump
+        sym = mx.where(jump > 0, 0, sym)
+        out, (h2, c2) = decoder(mx.where(emit, k, 0)[:, None], (h, c))
+        pred2 = joint.project_prediction(out[:, -1])
+        keep = emit[None, :, None]
+        h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
+        pred = mx.where(emit[:, None], pred2, pred)
+        sym = mx.where(emit, sym + 1, sym)
+        forced = emit & (sym >= max_symbols)
+        t = t + forced.astype(mx.int32)
+        sym = mx.where(forced, 0, sym)
+        code = mx.stack([jump, mx.where(emit, k, NO_TOKEN)], axis=-1)
+        index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
+        return code, pred, h, c, t, sym, index
+
+    return mx.compile(step)
+
+
 class GreedyDecoder:
     """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
 
@@ -57,7 +93,14 @@ class GreedyDecoder:
         self.blank = net.config.blank_id
         self.max_symbols = net.config.max_symbols
         self.batch = batch
-        self._frozen = FrozenCompile(self._build, lambda: [net.decoder, net.joint])
+        # One compiled step per model and batch size, shared by its decoders (sessions).
+        cache = net.__dict__.get("_greedy_steps")
+        if cache is None:
+            cache = {}
+            object.__setattr__(net, "_greedy_steps", cache)
+        if batch not in cache:
+            cache[batch] = FrozenCompile(lambda: build_step(net), lambda: [net.decoder, net.joint])
+        self._frozen = cache[batch]
         self.reset()
 
     def reset(self) -> None:
@@ -77,40 +120,6 @@ class GreedyDecoder:
         ]
 
     # -- the compiled step ---------------------------------------------------------------------
-
-    def _build(self):
-        decoder, joint = self.net.decoder, self.net.joint
-        blank, max_symbols = self.blank, self.max_symbols
-        w = mx.arange(WINDOW, dtype=mx.int32)
-
-        def step(e, pred, h, c, t, sym, length, base, last):
-            """``e`` [B, W, J]: the frames from each row's cursor on."""
-            valid = (t[:, None] + w[None, :]) < length[:, None]
-            x = e + pred[:, None, :]
-            for layer in joint.joint_net:
-                x = layer(x)
-            labels = mx.argmax(x, axis=-1).astype(mx.int32)  # [B, W]
-            token = valid & (labels != blank)
-            emit = mx.any(token, axis=-1)
-            j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
-            k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
-            jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
-            t = t + jump
-            sym = mx.where(jump > 0, 0, sym)
-            out, (h2, c2) = decoder(mx.where(emit, k, 0)[:, None], (h, c))
-            pred2 = joint.project_prediction(out[:, -1])
-            keep = emit[None, :, None]
-            h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
-            pred = mx.where(emit[:, None], pred2, pred)
-            sym = mx.where(emit, sym + 1, sym)
-            forced = emit & (sym >= max_symbols)
-            t = t + forced.astype(mx.int32)
-            sym = mx.where(forced, 0, sym)
-            code = mx.stack([jump, mx.where(emit, k, NO_TOKEN)], axis=-1)
-            index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
-            return code, pred, h, c, t, sym, index
-
-        return mx.compile(step)
 
     # -- frames ---------------------------------------------------------------------------------
 

@@ -5,8 +5,9 @@ offline (``runtime.asr``) on the same frames, so for any chunking of the input t
 frames and the text equal the offline run (the encoder's left-context cache makes each chunk
 cost one chunk of work, whatever the stream's length):
 
-- log-mel: mel frame ``j`` is computed once the samples under its window are in (sample
-  ``160 j + 198``), with the same pre-emphasis and STFT as offline;
+- log-mel: mel frame ``j`` is final once the samples under its window are in (sample
+  ``160 j + 198``), computed with the same pre-emphasis and STFT as offline when the chunk
+  that reads it is;
 - encoder: the attention looks ``lookahead`` frames ahead within chunks of ``lookahead + 1``
   frames, so the frames of chunk ``c`` (``(L+1) c .. (L+1) c + L``) are final together, once
   mel frame ``8 ((L+1) c + L)`` is: the ``feed`` that completes sample
@@ -240,11 +241,13 @@ class TranscriptionSession:
         x = self._samples(samples, sample_rate)
         if x.size:
             self._append(x)
-        self._add_mel(self._mel_final(self.received))
         # Encoder frame k reads mel frames up to 8 k; its chunk is final with its last frame.
-        k = (self.mel_frames - 1) // self.factor + 1 if self.mel_frames else 0
+        # The mel frames are computed when a chunk is (one STFT for the chunk's frames).
+        m = self._mel_final(self.received)
+        k = (m - 1) // self.factor + 1 if m else 0
         whole = k // self.chunk * self.chunk
         if whole > self.frames:
+            self._add_mel(m)
             self._encode(whole)
         return self._decode(budget=self.received // self.frame_samples)
 
