@@ -269,6 +269,11 @@ def test_cli(ckpts, tmp_path, capsys):
     assert f"{b}: {asr.transcribe(str(b), prompt_id=2).text}" in out
     assert main(["transcribe", "--model", model, "--language", "xx", str(a)]) == 2
     assert "unknown language 'xx'" in capsys.readouterr().err
+    # stream: the file through a live transcription session, the words as they come.
+    assert main(["stream", "--model", model, "--audio", str(a), "--language", "de-DE"]) == 0
+    out = capsys.readouterr().out
+    assert f"[user] {solo.text}" in out and "language: de-DE" in out
+    assert "lookahead: 13 frames" in out and "RTF" in out
 
 
 def test_generate_with_a_recognizer_is_one_clear_error(ckpts, tmp_path, capsys):

@@ -41,6 +41,8 @@ def add_parser(subparsers):
         help="feed the chunks at real time (80 ms apart), as a microphone would",
     )
     p.add_argument("--output-audio", default=None, help="reply WAV (22050 Hz mono PCM16)")
+    p.add_argument("--language", default=None, help="recognizer: language prompt (en-US, auto)")
+    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: prompt index")
     p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
     p.add_argument(
         "--extra-decoding-seconds",
@@ -232,6 +234,10 @@ def run(args) -> int:
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
+    if getattr(model, "resolve_prompt", None) is not None:  # Nemotron-3.5-ASR: transcription
+        from .asr_stream import run_transcription
+
+        return run_transcription(args, model, samples)
     session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     try:

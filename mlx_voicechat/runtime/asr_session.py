@@ -51,6 +51,7 @@ class TranscriptEvent:
     text: str = ""
     language: Optional[str] = None
     final: bool = False  # the last event of the stream (from finish)
+    remainder: bool = False  # (VoiceChat's FrameEvent field: always a frame of its own here)
 
 
 def _mono_float32(samples) -> np.ndarray:
@@ -251,10 +252,22 @@ class TranscriptionSession:
             self._encode(whole)
         return self._decode(budget=self.received // self.frame_samples)
 
-    def finish(self) -> List[TranscriptEvent]:
-        """End of input: the last frames as the offline pass computes them and every token left."""
+    @property
+    def input_sample_rate(self) -> int:
+        return self.sample_rate
+
+    @property
+    def finished(self) -> Optional[str]:
+        """``"finished"`` once :meth:`finish` ran (as VoiceChat's sessions say), else None."""
+        return "finished" if self._finished else None
+
+    def finish(self, extra_decoding_seconds: float = 0.0) -> List[TranscriptEvent]:
+        """End of input (after ``extra_decoding_seconds`` of silence, default none): the last
+        frames as the offline pass computes them and every token left."""
         if self._finished:
             raise TranscriptionError("the session has already finished")
+        if extra_decoding_seconds:
+            self.feed(np.zeros(int(round(extra_decoding_seconds * self.sample_rate)), np.float32))
         if self._resampler is not None:
             tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
             if tail.size:
