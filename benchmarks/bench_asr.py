@@ -139,13 +139,14 @@ def _machine() -> str:
 def report(scale: str, blas: str, r: dict) -> None:
     f = r["frames"]
     print(
-        f"\n## {scale}, {blas} BLAS: {r['seconds']:.0f} s of audio ({f} frames), "
+        f"\n## {scale} ({r['path']}), {blas} BLAS, best of {r['repeats']}: "
+        f"{r['seconds']:.0f} s of audio ({f} frames), "
         f"{r['tokens']} tokens ({r['tokens'] / max(f, 1):.2f} per frame), {r['steps']} steps"
     )
     mel, enc, dec = r["phases_ms"]
     print(
-        f"offline  ours {r['ours_offline_s']:.2f} s (mel {mel:.0f} / encoder {enc:.0f} / "
-        f"decode {dec:.0f} ms), mlx-audio generate {r['theirs_offline_s']:.2f} s: "
+        f"offline  ours {r['ours_offline_s']:.2f} s (last run: mel {mel:.0f} / encoder {enc:.0f}"
+        f" / decode {dec:.0f} ms), mlx-audio generate {r['theirs_offline_s']:.2f} s: "
         f"{r['ours_offline_s'] / r['theirs_offline_s']:.2f}x; tokens equal: "
         f"{'yes' if r['tokens_equal'] else 'NO'}"
     )

@@ -88,8 +88,12 @@ def build_step(net):
 class GreedyDecoder:
     """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
 
-    def __init__(self, net, batch: int = 1):
+    def __init__(self, net, batch: int = 1, lean: bool = False):
+        """``lean``: rounds of just enough calls for the frames and the tokens expected (a
+        live session, whose reads are cheap but whose wasted calls are not); otherwise rounds
+        with slack, so that a clip takes few reads."""
         self.net = net
+        self.lean = lean
         self.blank = net.config.blank_id
         self.max_symbols = net.config.max_symbols
         self.batch = batch
@@ -155,7 +159,11 @@ class GreedyDecoder:
         if left <= 0:
             return
         if calls is None:
-            calls = -(-left // WINDOW) + math.ceil(self._rate() * left) + 2
+            tokens = self._rate() * left
+            if self.lean:
+                calls = -(-left // WINDOW) + max(1, round(tokens))
+            else:
+                calls = -(-left // WINDOW) + math.ceil(tokens) + 2
             calls = min(calls, MAX_ROUND_CALLS)
         T = self._frames.shape[1]
         flat = self._frames.reshape(B * T, -1)
