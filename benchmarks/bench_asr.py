@@ -164,15 +164,15 @@ def report(scale: str, blas: str, r: dict) -> None:
     print(f"batched  {cells}")
 
 
-def _rate(path: Path) -> float:
-    """Tokens per frame of this random model on 5 s of the benchmark's input."""
+def _rate(path: Path, seconds: float) -> float:
+    """Tokens per frame of this random model on the benchmark's input."""
     from mlx_voicechat import load
 
-    r = load(path).transcribe(_noise(80000, 1))
+    r = load(path).transcribe(_noise(int(seconds * 16000), 1))
     return len(r.tokens) / r.encoder_frames
 
 
-def _checkpoint(root: Path, scale: str, seed, make) -> Path:
+def _checkpoint(root: Path, scale: str, seed, make, seconds: float) -> Path:
     """The scale's checkpoint for ``seed``, or (``seed`` None) for the first seed from 0 on
     whose token rate is speech-like (0.1 to 1 per frame): random weights often emit nothing,
     or ``max_symbols`` tokens at most frames, and either would measure something else."""
@@ -180,7 +180,7 @@ def _checkpoint(root: Path, scale: str, seed, make) -> Path:
         path = root / f"asr-{scale}-seed{s}"
         if not (path / "config.json").exists():
             make(path, scale, "mlx-audio", seed=s)
-        if seed is not None or 0.1 <= _rate(path) <= 1.0:
+        if seed is not None or 0.1 <= _rate(path, seconds) <= 1.0:
             return path
     return path
 
@@ -209,7 +209,9 @@ def main() -> int:
         modes = [m for m in modes if m != "openblas"]
     print(f"# bench_asr: {_machine()}")
     for scale in args.scales.split(","):
-        path = _checkpoint(Path(args.dir), scale, args.seed, make_recognizer_checkpoint)
+        path = _checkpoint(
+            Path(args.dir), scale, args.seed, make_recognizer_checkpoint, args.seconds
+        )
         for mode in modes:
             env = dict(os.environ)
             if mode == "openblas":

@@ -7,7 +7,9 @@ __all__ = ["load", "Model", "VoiceChatConfig", "__version__"]
 
 def load(path_or_hub_id, *, tokenizer=None, lazy: bool = False, revision=None):
     """Load a VoiceChat checkpoint (a local folder in any supported layout, or a Hugging Face
-    hub id) as a :class:`mlx_voicechat.Model`; see :func:`mlx_voicechat.weights.loading.load`."""
+    hub id) as a :class:`mlx_voicechat.Model`; see :func:`mlx_voicechat.weights.loading.load`.
+    A Nemotron-3.5-ASR checkpoint (either layout) loads as a
+    :class:`mlx_voicechat.recognizer.Recognizer` (docs/asr.md)."""
     from .nemotron_voicechat import Model
     from .weights.loading import load as load_checkpoint
 

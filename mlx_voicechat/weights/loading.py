@@ -290,7 +290,8 @@ def load(
     revision: Optional[str] = None,
     model_class: Optional[type] = None,
 ):
-    """Load a VoiceChat checkpoint from a local folder or a Hugging Face hub id.
+    """Load a VoiceChat checkpoint from a local folder or a Hugging Face hub id (a
+    Nemotron-3.5-ASR checkpoint returns a ``Recognizer``: :mod:`.asr_loading`).
 
     Args:
         path_or_hub_id: checkpoint folder (any supported layout) or hub repo id.
