@@ -159,3 +159,15 @@ def test_compiled_chunk_step_equals_op_by_op(asr):
         events[compiled] = [(e.index, e.tokens) for e in run(asr.session(), audio, [1280] * 75)]
     enc.use_compiled_chunk = True
     assert events[True] == events[False]
+
+
+@pytest.mark.parametrize("n", [100, 160, 1281])
+@pytest.mark.parametrize("edge", ["nemo", "mlx-audio"])
+def test_short_clips(asr, n, edge):
+    """Under one encoder chunk (and under one mel hop) the session still equals offline."""
+    x = noise(n, n)
+    offline = asr.transcribe(x, edge=edge)
+    s = asr.session(edge=edge)
+    events = s.feed(x) + s.finish()
+    assert [e.index for e in events] == list(range(offline.encoder_frames))
+    assert [t for e in events for t in e.tokens] == offline.tokens

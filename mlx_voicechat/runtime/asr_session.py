@@ -275,7 +275,8 @@ class TranscriptionSession:
         n = self.received
         mel_len = self.model.frontend.valid_frames(n, self.edge)
         total = int(self.model.encoder.output_lengths(mel_len)) if n else 0
-        self._add_mel(min(mel_len, n // self.hop + 1))
+        # At least one mel frame: under 160 samples NeMo still makes a (masked) encoder frame.
+        self._add_mel(max(min(mel_len, n // self.hop + 1), 1))
         # (NeMo's padded last mel frame is a zero the length mask makes anyway.)
         if total > self.frames:
             self._encode(total, mel_len)
