@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple, Union
 
-from .config.asr import AUTO, ASRConfig
+from .config.asr import AUTO
 from .errors import VoiceChatError
-from .nets.asr import MelFrontend, RecognizerNetwork, check_edge
+from .nets.asr import RecognizerNetwork, check_edge
 
 
 class RecognizerError(VoiceChatError, ValueError):
@@ -21,11 +21,6 @@ class RecognizerError(VoiceChatError, ValueError):
 
 class Recognizer(RecognizerNetwork):
     """Nemotron-3.5-ASR: speech in, text and its language out."""
-
-    def __init__(self, config: ASRConfig):
-        super().__init__(config)
-        self.model_type = config.model_type
-        self.frontend = MelFrontend(config)
 
     @property
     def vocabulary(self):

@@ -250,6 +250,8 @@ class RecognizerNetwork(nn.Module):
     def __init__(self, config: ASRConfig):
         super().__init__()
         self.config = config
+        self.model_type = config.model_type
+        self.frontend = MelFrontend(config)  # not a parameter: computed, never loaded
         self.encoder = RecognizerEncoder(config.encoder)
         p = config.prompt
         if p.num_prompts:

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .asr_session import (
+from .asr_events import (
     TranscriptEvent,
     TranscriptEvents,
     TranscriptionError,

@@ -181,7 +181,7 @@ def make_recognizer_checkpoint(
     """Write a random-weight recognizer checkpoint and return its folder (see
     :func:`mlx_voicechat.weights.factory.make_checkpoint` for ``out_dir`` and ``force``).
     ``prompt=False`` leaves the language prompt out (Transformers: ``nemotron_asr_streaming``)."""
-    from ..recognizer import Recognizer
+    from ..nets.asr import RecognizerNetwork as Recognizer
     from .factory import _check_target, _move_into_place
 
     if layout not in ASR_LAYOUTS:

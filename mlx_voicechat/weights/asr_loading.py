@@ -77,11 +77,13 @@ def load_recognizer(
     lazy: bool = False,
     model_class: Optional[type] = None,
 ):
-    """The recognizer in ``folder`` (a local checkpoint folder of either layout)."""
+    """The recognizer in ``folder`` (a local checkpoint folder of either layout), built as
+    ``model_class`` (default: the parameter tree, ``nets.asr.RecognizerNetwork``;
+    :func:`mlx_voicechat.load` passes the user-facing ``Recognizer``)."""
     from mlx.utils import tree_flatten
 
     if model_class is None:
-        from ..recognizer import Recognizer as model_class
+        from ..nets.asr import RecognizerNetwork as model_class
     folder = Path(folder)
     if raw is None:
         from .loading import read_config

@@ -23,13 +23,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..config import VoiceChatConfig
-from ..config.asr import is_recognizer_config
 from ..errors import CheckpointError
 from ..files import read_json
 from ..nets.layout import use_cpu_layout
 from .sanitize import sanitize_module
 
-WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]  # ASR too
+WEIGHT_PATTERNS = ["*.json", "*.safetensors", "rnnt_tokenizer/*", "tokenizer*"]
 TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -290,8 +289,7 @@ def load(
     revision: Optional[str] = None,
     model_class: Optional[type] = None,
 ):
-    """Load a VoiceChat checkpoint from a local folder or a Hugging Face hub id (a
-    Nemotron-3.5-ASR checkpoint returns a ``Recognizer``: :mod:`.asr_loading`).
+    """Load a VoiceChat checkpoint from a local folder or a Hugging Face hub id.
 
     Args:
         path_or_hub_id: checkpoint folder (any supported layout) or hub repo id.
@@ -308,10 +306,6 @@ def load(
     folder = resolve_path(path_or_hub_id, revision=revision)
     raw = read_config(folder)
     raw["model_path"] = str(folder)
-    if is_recognizer_config(raw):  # Nemotron-3.5-ASR: mlx_voicechat.recognizer.Recognizer
-        from .asr_loading import load_recognizer
-
-        return load_recognizer(folder, raw, lazy=lazy)
     config = VoiceChatConfig.from_dict(raw)
     files = weight_files(folder)
     model = model_class(config)
