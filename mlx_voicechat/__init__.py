@@ -7,13 +7,22 @@ __all__ = ["load", "Model", "VoiceChatConfig", "__version__"]
 
 def load(path_or_hub_id, *, tokenizer=None, lazy: bool = False, revision=None):
     """Load a VoiceChat checkpoint (a local folder in any supported layout, or a Hugging Face
-    hub id) as a :class:`mlx_voicechat.Model`; see :func:`mlx_voicechat.weights.loading.load`."""
+    hub id) as a :class:`mlx_voicechat.Model`; see :func:`mlx_voicechat.weights.loading.load`.
+    A Nemotron-3.5-ASR checkpoint (either layout) loads as a
+    :class:`mlx_voicechat.recognizer.Recognizer` (docs/asr.md)."""
+    from .config.asr import is_recognizer_config
     from .nemotron_voicechat import Model
     from .weights.loading import load as load_checkpoint
+    from .weights.loading import read_config, resolve_path
 
-    return load_checkpoint(
-        path_or_hub_id, tokenizer=tokenizer, lazy=lazy, revision=revision, model_class=Model
-    )
+    folder = resolve_path(path_or_hub_id, revision=revision)
+    raw = read_config(folder)
+    if is_recognizer_config(raw):
+        from .recognizer import Recognizer
+        from .weights.asr_loading import load_recognizer
+
+        return load_recognizer(folder, raw, lazy=lazy, model_class=Recognizer)
+    return load_checkpoint(folder, tokenizer=tokenizer, lazy=lazy, model_class=Model)
 
 
 def __getattr__(name):

@@ -17,7 +17,8 @@ LAYERS = [
     ("model",),  # the parameter tree of the whole model
     ("weights", "factory"),  # sanitize, loading, writing, convert, the random-weight factory
     ("runtime",),  # audio I/O, the per-frame step, offline generate, transcribe, sessions
-    ("nemotron_voicechat", ""),  # the entry points: mlx-lm / mlx-audio's module, the package
+    ("nemotron_voicechat", "recognizer", ""),  # the entry points: mlx-lm / mlx-audio's module,
+    # the user-facing Nemotron-3.5-ASR recognizer, the package
     ("serve",),  # the Realtime protocol, the server, the web page
     ("cli",),  # one module per verb
     ("__main__",),

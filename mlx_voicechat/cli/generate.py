@@ -94,6 +94,9 @@ def run(args) -> int:
         check_output(args.plot, inputs=[args.audio, out])
     samples = load_audio(args.audio)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
+    from ..recognizer import require_voicechat
+
+    require_voicechat(model, "generate")
     limit = model.config.text_args.max_position_embeddings
     if args.extra_decoding_seconds > limit * model.config.frame_duration:
         raise GenerationError(

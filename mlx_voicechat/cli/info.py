@@ -82,11 +82,17 @@ def checkpoint_info(path) -> dict:
     from safetensors import safe_open
 
     from ..config import VoiceChatConfig
+    from ..config.asr import is_recognizer_config
     from ..errors import CheckpointError
     from ..weights.loading import read_config, resolve_path, weight_files
 
     folder = resolve_path(path)
-    config = VoiceChatConfig.from_dict(read_config(folder))
+    raw = read_config(folder)
+    if is_recognizer_config(raw):
+        from .asr_info import recognizer_info
+
+        return recognizer_info(folder, raw)
+    config = VoiceChatConfig.from_dict(raw)
     counts = {name: 0 for name in NETWORKS}
     dtypes = {name: set() for name in NETWORKS}
     shapes = {}
@@ -176,6 +182,10 @@ def run(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"checkpoint   {info['path']}")
+    if info.get("model") == "Nemotron-3.5-ASR":
+        from .asr_info import describe
+
+        print("\n".join(describe(info)))
     print(f"layout       {info['layout']}")
     q = info["quantization"]
     print(

@@ -6,10 +6,21 @@ from __future__ import annotations
 def add_parser(subparsers):
     mk = subparsers.add_parser("make-checkpoint", help="write a random-weight checkpoint")
     mk.add_argument("dir", help="output folder (new or empty)")
+    mk.add_argument(
+        "--model",
+        default="voicechat",
+        choices=["voicechat", "asr"],
+        help="voicechat (NemotronLabs VoiceChat) or asr (Nemotron-3.5-ASR); default voicechat",
+    )
     mk.add_argument("--scale", default="tiny", choices=["tiny", "small", "medium", "full"])
     mk.add_argument(
-        "--layout", default="mlx-community", choices=["mlx-community", "nvidia", "mlx-audio"]
+        "--layout",
+        default=None,
+        choices=["mlx-community", "nvidia", "mlx-audio", "transformers"],
+        help="voicechat: mlx-community (default), nvidia, mlx-audio; asr: mlx-audio (default), "
+        "transformers",
     )
+    mk.add_argument("--no-prompt", action="store_true", help="asr: without the language prompt")
     mk.add_argument("--quantize", type=int, choices=[4, 8], default=None)
     mk.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")
     mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -25,7 +36,33 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from ..errors import VoiceChatError
     from ..weights.factory import make_checkpoint
+
+    if getattr(args, "model", "voicechat") == "asr":
+        from ..weights.asr_factory import make_recognizer_checkpoint
+
+        layout = args.layout or "mlx-audio"
+        if args.scale == "medium" or args.no_tokenizer:
+            raise VoiceChatError(
+                "--model asr takes --scale tiny, small or full, and no --no-tokenizer"
+            )
+        out = make_recognizer_checkpoint(
+            args.dir,
+            scale=args.scale,
+            layout=layout,
+            quantize=args.quantize,
+            group_size=args.group_size,
+            seed=args.seed,
+            dtype=args.dtype,
+            prompt=not args.no_prompt,
+            force=args.force,
+        )
+        print(f"wrote a {args.scale} {layout} Nemotron-3.5-ASR checkpoint to {out}")
+        return 0
+    args.layout = args.layout or "mlx-community"
+    if args.layout == "transformers" or args.no_prompt:
+        raise VoiceChatError("--layout transformers and --no-prompt are for --model asr")
 
     out = make_checkpoint(
         args.dir,

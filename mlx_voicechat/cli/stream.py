@@ -41,6 +41,8 @@ def add_parser(subparsers):
         help="feed the chunks at real time (80 ms apart), as a microphone would",
     )
     p.add_argument("--output-audio", default=None, help="reply WAV (22050 Hz mono PCM16)")
+    p.add_argument("--language", default=None, help="recognizer: language prompt (en-US, auto)")
+    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: prompt index")
     p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
     p.add_argument(
         "--extra-decoding-seconds",
@@ -232,6 +234,8 @@ def run(args) -> int:
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
+    if getattr(model, "resolve_prompt", None) is not None:  # Nemotron-3.5-ASR: transcription
+        return run_transcription(args, model, samples)
     session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
     printer = WordPrinter()
     try:
@@ -266,4 +270,41 @@ def run(args) -> int:
         timeline.output_audio = result.reply_audio(session.samples_per_frame)
         plot.save(timeline, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+# --- a recognizer: live transcription ----------------------------------------------------
+
+
+class TranscriptPrinter(WordPrinter):
+    """The transcript's deltas as they arrive, on a ``[user]`` line."""
+
+    LABELS = (("text", "user"),)
+
+
+def run_transcription(args, model, samples) -> int:
+    """``stream`` with a Nemotron-3.5-ASR checkpoint: a live transcription session."""
+    from ..errors import VoiceChatError
+
+    if getattr(args, "output_audio", None) or getattr(args, "plot", None):
+        raise VoiceChatError("a recognizer has no reply: leave out --output-audio and --plot")
+    session = model.session(
+        language=getattr(args, "language", None), prompt_id=getattr(args, "prompt_id", None)
+    )
+    printer = TranscriptPrinter()
+    try:
+        # The transcript needs no trailing silence (that is for a VoiceChat reply).
+        result = stream_samples(session, samples, 0.0, realtime=args.realtime, on_events=printer)
+    finally:
+        printer.end()
+    print(latency_line(result))
+    print(rtf_line(result))
+    if session.language:
+        print(f"language: {session.language}")
+    L, first = model.config.lookahead, session.samples_needed(0)
+    print(
+        f"lookahead: {L} frames; a chunk of {L + 1} frames is final once "
+        f"{session.frame_samples} * ({L + 1} c + {L}) + {first - session.frame_samples * L} "
+        f"samples are in (its first frame {session.latency_samples} samples after its 80 ms slot)"
+    )
     return 0

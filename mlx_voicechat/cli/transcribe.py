@@ -1,4 +1,5 @@
-"""``mlx-voicechat transcribe``: the user's words of an audio file, via the RNNT head."""
+"""``mlx-voicechat transcribe``: the words of audio files, via a VoiceChat checkpoint's RNNT head
+or a Nemotron-3.5-ASR recognizer (many files in one batched run)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,33 @@ WARMUP_SECONDS = 1.0  # audio run once before a benchmark, so kernel set-up is n
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "transcribe",
-        help="transcribe speech with the model's RNNT head",
-        description="Print the transcript of an audio file (any rate, mono or stereo; "
-        "WAV, FLAC, MP3).",
+        help="transcribe speech (a recognizer, or a VoiceChat model's RNNT head)",
+        description="Print the transcript of audio files (any rate, mono or stereo; WAV, "
+        "FLAC, MP3). A Nemotron-3.5-ASR checkpoint decodes several files in one batch.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
-    p.add_argument("--audio", required=True, help="audio file to transcribe")
+    p.add_argument("files", nargs="*", help="audio files to transcribe")
+    p.add_argument("--audio", nargs="+", default=[], help="audio files to transcribe")
     p.add_argument(
         "--benchmark",
         action="store_true",
         help="also print mel / encoder / decode milliseconds, audio seconds and RTF",
     )
     p.add_argument(
+        "--language", default=None, help="recognizer: language prompt (en-US, auto, ...)"
+    )
+    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: language prompt index")
+    p.add_argument(
+        "--edge",
+        default="nemo",
+        choices=["nemo", "mlx-audio"],
+        help="recognizer: the end of a clip as NeMo computes it, or as mlx-audio's generate does",
+    )
+    p.add_argument(
         "--chunk-frames",
         type=int,
         default=None,
-        help="encoder frames (80 ms each) per chunk of the chunked encoder",
+        help="encoder frames (80 ms each) per chunk of the chunked encoder (VoiceChat)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.set_defaults(func=run)
@@ -31,9 +43,9 @@ def add_parser(subparsers):
 
 
 def run(args, load_fn=None) -> int:
-    """Prints the transcript (and the benchmark); returns the exit code. ``load_fn(path)``
-    (default: :func:`mlx_voicechat.load` with ``--tokenizer``) returns a model whose
-    ``transcribe(audio, chunk_size=...)`` returns a ``TranscriptResult``."""
+    """Prints the transcripts (and the benchmark); returns the exit code. ``load_fn(path)``
+    (default: :func:`mlx_voicechat.load` with ``--tokenizer``) returns the model."""
+    from ..errors import VoiceChatError
     from ..runtime.audio import INPUT_SAMPLE_RATE, load_audio
 
     if load_fn is None:
@@ -42,15 +54,35 @@ def run(args, load_fn=None) -> int:
         def load_fn(path):
             return load(path, tokenizer=getattr(args, "tokenizer", None))
 
-    samples = load_audio(args.audio)  # a bad file fails before the model loads
+    audio = getattr(args, "audio", None) or []
+    paths = list(getattr(args, "files", None) or []) + (
+        [audio] if isinstance(audio, str) else audio
+    )
+    if not paths:
+        raise VoiceChatError("no audio file given (transcribe --model M a.wav [b.wav ...])")
+    clips = [load_audio(p) for p in paths]  # a bad file fails before the model loads
     model = load_fn(args.model)
-    chunk = getattr(args, "chunk_frames", None)
-    if args.benchmark:
-        model.transcribe(samples[: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
-    result = model.transcribe(samples, chunk_size=chunk)
-    print(result.text)
-    if result.language:
-        print(f"language: {result.language}")
-    if args.benchmark and result.timings is not None:
-        print(result.timings.report(len(result.tokens)))
+    language, prompt_id = getattr(args, "language", None), getattr(args, "prompt_id", None)
+    if getattr(model, "resolve_prompt", None) is not None:  # a Nemotron-3.5-ASR recognizer
+        kw = dict(language=language, prompt_id=prompt_id, edge=getattr(args, "edge", "nemo"))
+        if args.benchmark:
+            model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], **kw)
+        results = model.transcribe(clips, **kw)
+    else:
+        if language is not None or prompt_id is not None:
+            raise VoiceChatError("--language and --prompt-id are for a Nemotron-3.5-ASR checkpoint")
+        chunk = getattr(args, "chunk_frames", None)
+        if args.benchmark:
+            model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
+        results = [model.transcribe(c, chunk_size=chunk) for c in clips]
+    batched = getattr(results[0].timings, "clips", 1) > 1  # one report for the batch
+    for path, result in zip(paths, results):
+        prefix = f"{path}: " if len(paths) > 1 else ""
+        print(prefix + result.text)
+        if result.language:
+            print(f"{'  ' if prefix else ''}language: {result.language}")
+        if args.benchmark and not batched and result.timings is not None:
+            print(result.timings.report(len(result.tokens)))
+    if args.benchmark and batched:
+        print(results[0].timings.report())
     return 0

@@ -86,6 +86,12 @@ PATHS: Dict[str, FastPath] = {
             "half precision), in a live frame",
         ),
         FastPath(
+            "asr.chunk",
+            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled",
+            "the FastConformer layers op by op (mlx-audio's ConformerBlock modules)",
+            "a whole chunk at a chunk boundary, every layer's context full",
+        ),
+        FastPath(
             "rnnt.frame",
             "one encoder frame of greedy transducer decoding on the device: up to "
             "max_symbols joint / prediction steps, unrolled and compiled",

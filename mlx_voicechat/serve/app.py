@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
 from .protocol import Realtime
 from .server import MAX_PROMPT_TOKENS, Server
+from .transcription_connection import serve_connection, warm_up
 from .worker import Worker
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -102,7 +103,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if warmup:
-            await server.worker.run(server.warm_up)
+            await server.worker.run(warm_up, server)
         server.ready = True
         yield
 
@@ -195,7 +196,7 @@ def create_app(
                 await websocket.close(code=CLOSE_TRY_AGAIN, reason="server busy")
             return
         server.active += 1
-        await Conversation(server, websocket).run()
+        await serve_connection(server, websocket)  # duplex, or a transcription session
 
     return app
 

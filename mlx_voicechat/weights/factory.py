@@ -21,6 +21,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..config import VoiceChatConfig
+from ..config.asr import is_recognizer_config
 from ..errors import VoiceChatError
 from ..files import current_umask
 from .loading import check_group_size
@@ -297,7 +298,7 @@ def make_checkpoint(
 # What make_checkpoint writes into a folder; --force replaces only a folder holding nothing else.
 _OWN_ENTRIES = re.compile(
     r"^(config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
-    r"tokenizer(_config)?\.json|special_tokens_map\.json|rnnt_tokenizer)$"
+    r"tokenizer(_config)?\.json|special_tokens_map\.json|rnnt_tokenizer|processor_config\.json)$"
 )
 
 
@@ -315,6 +316,8 @@ def _is_own_checkpoint(folder: Path) -> bool:
         return False
     model = raw.get("model")
     nemo = isinstance(model, dict) and "stt" in model and "speech_generation" in model
+    if is_recognizer_config(raw):  # a recognizer this package's factory wrote
+        return True
     return raw.get("model_type") == "nemotron_voicechat" or ("model_type" not in raw and nemo)
 
 

@@ -35,6 +35,7 @@
     sessionId: null,
     inputRate: null,
     contextRate: null,
+    mode: 'realtime', // realtime | transcription (a recognizer server's sessions always are)
   };
   window.voicechat = vc;
 
@@ -44,8 +45,9 @@
     error: $('error'), instructions: $('instructions'), apikey: $('apikey'), rate: $('rate'),
     latency: $('latency'), fps: $('fps'), rtf: $('rtf'), lag: $('lag'), counts: $('counts'),
     buffer: $('buffer'), user: $('user'), assistant: $('assistant'), function: $('function'),
-    canvas: $('timeline'), model: $('model'), settings: $('settings'),
+    canvas: $('timeline'), model: $('model'), settings: $('settings'), mode: $('mode'),
   };
+  const transcribing = () => vc.mode === 'transcription';
 
   let conn = null; // everything one conversation holds; null when stopped
   let modelId = null;
@@ -355,6 +357,7 @@
   }
 
   async function start() {
+    vc.mode = ui.mode.value;
     if (conn) return;
     clearError();
     vc.lastError = null;
@@ -513,6 +516,11 @@
 
   function sessionUpdate() {
     const rate = vc.inputRate;
+    if (transcribing()) {
+      const input = { format: { type: 'audio/pcm', rate }, turn_detection: null };
+      input.transcription = { model: modelId || 'transcription' };
+      return { type: 'session.update', event_id: UPDATE_ID, session: { type: 'transcription', audio: { input } } };
+    }
     const session = {
       type: 'realtime',
       output_modalities: ['audio'],
@@ -538,6 +546,8 @@
     switch (type) {
       case 'session.created':
         vc.sessionId = event.session && event.session.id;
+        if (event.session && event.session.type === 'transcription') vc.mode = 'transcription';
+        ui.interrupt.textContent = transcribing() ? 'End item' : 'Interrupt';
         // Instructions and formats go before the first audio: they cannot change later.
         send(sessionUpdate());
         break;
@@ -661,6 +671,11 @@
 
   function interrupt() {
     if (!conn) return;
+    if (transcribing()) {
+      // End the item: its completed transcript comes back; the next audio opens a new one.
+      if (vc.framesSent > 0) send({ type: 'input_audio_buffer.commit' });
+      return;
+    }
     // Only an open response can be cancelled; the player is emptied either way.
     if (conn.responses.size > 0) send({ type: 'response.cancel' });
     if (conn.player) conn.player.port.postMessage({ type: 'flush' });

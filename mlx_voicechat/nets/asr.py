@@ -1,0 +1,294 @@
+"""Nemotron-3.5-ASR's networks: log-mel, cache-aware FastConformer, language prompt, RNNT.
+
+The blocks are this package's (``nets.perception.FastConformer``, ``nets.rnnt.RNNTDecoder`` /
+``RNNTJoint``), built on mlx-audio's ``nemotron_asr`` modules, so the parameter names are
+mlx-audio's (``encoder.*``, ``prompt_kernel.*``, ``decoder.prediction.*``, ``joint.*``). What
+this model adds to the VoiceChat encoder:
+
+* a lookahead: attention sees ``lookahead`` frames to the right, chunk by chunk
+  (``chunked_limited``, chunks of ``lookahead + 1`` frames), so a chunk's outputs become final
+  together, once its last frame's input is in;
+* lengths that mask: each clip's frames past its length are zeros at every subsampling stage
+  and masked as attention keys (NeMo's ``MaskedConvSequential`` and pad mask), so a clip's
+  frames never depend on its padding, in a batch or alone;
+* the language prompt: a one-hot of the prompt id concatenated to every encoder frame and
+  projected back (``prompt_kernel``: Linear, ReLU, Linear).
+
+The end of a clip (``EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)`` mel
+frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
+what mlx-audio's ``generate`` computes (that last frame is real and counted, nothing masked
+inside the subsampling), which differs from NeMo in the last chunk of some lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..config import ConfigError
+from ..config.asr import ASRConfig
+from . import fastpaths
+from .version import Memo, Versioned
+from .encoder import (
+    NEG_INF,
+    PRE_ENCODE_CONTEXT,
+    EncoderCache,
+    FastConformer,
+    LayerCache,
+    context_mask,
+)
+from .rnnt import RNNTDecoder, RNNTJoint
+
+EDGES = ("nemo", "mlx-audio")
+# Encoder frames per chunk of the offline encoder (rounded up to whole lookahead chunks).
+OFFLINE_CHUNK_FRAMES = 256
+# Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
+MEL_BLOCK_FRAMES = 4096
+
+
+def check_edge(edge: str) -> str:
+    if edge not in EDGES:
+        raise ConfigError(f"edge must be one of {', '.join(EDGES)}, not {edge!r}")
+    return edge
+
+
+class MelFrontend:
+    """NeMo's log-mel (zero-padded centred STFT, power, Slaney mel, natural log, no
+    normalization) on a Hann window and filterbank computed from the config with mlx-audio's
+    functions, as mlx-audio and Transformers compute them (the checkpoints carry neither)."""
+
+    def __init__(self, config: ASRConfig):
+        from mlx_audio.dsp import hanning, mel_filters
+
+        pre = config.preprocessor
+        if str(pre.normalize).upper() not in ("NA", "NONE"):
+            raise ConfigError(
+                f"preprocessor.normalize {pre.normalize!r} is not supported (NA only)"
+            )
+        if pre.pad_to not in (0, None):
+            raise ConfigError(f"preprocessor.pad_to {pre.pad_to!r} is not supported (0 only)")
+        self.cfg = pre
+        self.n_fft, self.hop, self.preemph = pre.n_fft, pre.hop_length, pre.preemph
+        self.window = hanning(pre.win_length).astype(mx.float32)
+        fb = mel_filters(
+            pre.sample_rate, pre.n_fft, pre.features, norm="slaney", mel_scale="slaney"
+        )
+        self.fb = fb.astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
+        mx.eval(self.window, self.fb)
+
+    def frames(self, segment: mx.array) -> mx.array:
+        """Log-mel of every full ``n_fft`` frame of a pre-emphasized, zero-padded 1-D
+        ``segment`` (frame ``j`` starts at sample ``hop * j``): [F, n_mels] float32."""
+        from mlx_audio.dsp import stft
+
+        spec = stft(segment, self.n_fft, self.hop, self.n_fft, self.window, center=False)
+        power = mx.square(spec.real) + mx.square(spec.imag)
+        if self.cfg.mag_power != 2.0:
+            power = mx.power(mx.sqrt(power), self.cfg.mag_power)
+        return mx.log(power @ self.fb + self.cfg.log_zero_guard_value)
+
+    def valid_frames(self, lengths, edge: str):
+        """Mel frames that count for ``lengths`` samples: ``floor(n / hop)`` (NeMo, errata 2),
+        or one more, the centred STFT's last (mlx-audio)."""
+        return lengths // self.hop + (1 if edge == "mlx-audio" else 0)
+
+    def __call__(self, wave: mx.array, lengths: mx.array, edge: str = "nemo"):
+        """``wave`` [B, N] float32, ``lengths`` [B] -> (mel [B, N // hop + 1, n_mels] with the
+        pad value past each row's count, mel_len [B])."""
+        B, N = wave.shape
+        if self.preemph:
+            wave = mx.concatenate([wave[:, :1], wave[:, 1:] - self.preemph * wave[:, :-1]], axis=1)
+        wave = mx.where(mx.arange(N)[None] < lengths[:, None], wave, 0.0)
+        half = self.n_fft // 2
+        padded = mx.pad(wave, [(0, 0), (half, half)])
+        n_frames = N // self.hop + 1
+        rows = []
+        for b in range(B):
+            blocks = []
+            for f0 in range(0, n_frames, MEL_BLOCK_FRAMES):
+                f1 = min(f0 + MEL_BLOCK_FRAMES, n_frames)
+                blocks.append(
+                    self.frames(padded[b, f0 * self.hop : (f1 - 1) * self.hop + self.n_fft])
+                )
+            rows.append(mx.concatenate(blocks) if len(blocks) > 1 else blocks[0])
+        mel = mx.stack(rows)
+        mel_len = self.valid_frames(lengths, edge)
+        keep = mx.arange(n_frames)[None, :, None] < mel_len[:, None, None]
+        return mx.where(keep, mel, self.cfg.pad_value), mel_len
+
+
+class RecognizerEncoder(FastConformer):
+    """The FastConformer with a lookahead and length masks (see the module docstring)."""
+
+    def stage_lengths(self, mel_len: mx.array):
+        """Valid lengths after each stride-2 subsampling stage."""
+        sub, out = self.pre_encode, []
+        for _ in range(sub.sampling_num):
+            mel_len = (mel_len + sub.pad_left + sub.pad_right - sub.kernel_size) // sub.stride + 1
+            out.append(mel_len)
+        return out
+
+    def subsample(self, mel: mx.array, start: int = 0, mel_len: Optional[mx.array] = None):
+        """The subsampling convs over ``mel`` [B, T, n_mels], whose first row is mel frame
+        ``start`` (a multiple of the subsampling factor); with ``mel_len`` [B], positions past
+        each stage's valid length are zeros (NeMo). Output frame ``j`` is encoder frame
+        ``start / factor + j``; those reading before the window's start are not valid."""
+        sub = self.pre_encode
+        x = mel.astype(sub.out.weight.dtype)[..., None]
+        lengths = None if mel_len is None else self.stage_lengths(mel_len)
+        if mel_len is not None:
+            keep = (start + mx.arange(x.shape[1]))[None, :] < mel_len[:, None]
+            x = x * keep[:, :, None, None].astype(x.dtype)
+        stage, scale = 0, 1
+        for i, layer in enumerate(sub.conv):
+            if i in sub._strided_idx:
+                pad = (sub.pad_left, sub.pad_right)
+                x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
+            x = layer(x)
+            if isinstance(layer, nn.ReLU) and lengths is not None:
+                scale *= sub.stride
+                at = start // scale + mx.arange(x.shape[1])
+                keep = at[None, :] < lengths[stage][:, None]
+                x = x * keep[:, :, None, None].astype(x.dtype)
+                stage += 1
+        b, t, f, c = x.shape
+        return sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+
+    def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
+        """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
+        masked too, so no row attends to its padding through the lookahead."""
+        if lengths is None:
+            if self._steady_chunk(x, cache):
+                return self._chunk(x, cache)
+            return super().step(x, cache)
+        left, right = self.cfg.att_context_size
+        T = x.shape[1]
+        ctx = cache.layers[0].context
+        k0 = cache.offset - ctx
+        mask = context_mask(cache.offset, T, k0, ctx + T, left, right)
+        keys = (k0 + mx.arange(ctx + T))[None, :] < lengths[:, None]  # [B, K]
+        mask = mx.where(keys[:, None, None, :], mask, NEG_INF).astype(x.dtype)
+        valid = (cache.offset + mx.arange(T))[None, :, None] < lengths[:, None, None]
+        valid = valid.astype(x.dtype)
+        pos_emb = self.pos_enc.pos_emb_for(ctx + T, x.dtype)
+        new = []
+        for layer, c in zip(self.layers, cache.layers):
+            x, c = layer(x, layer.self_attn.positions(pos_emb), mask, c, valid, self.left_context)
+            new.append(c)
+        return x, EncoderCache(new, cache.offset + T)
+
+    # --- one chunk of a stream ----------------------------------------------------------------
+
+    def _steady_chunk(self, x: mx.array, cache: EncoderCache) -> bool:
+        """A whole chunk on a full left context: from one such chunk to the next every shape
+        of :meth:`step` is the same and every key is visible, so it can run compiled."""
+        size, left = self.cfg.att_context_size[1] + 1, self.left_context
+        if not fastpaths.enabled("asr.chunk") or not left or x.shape[1] != size or cache.offset % size:
+            return False
+        return all(c.context == left and c.conv is not None for c in cache.layers)
+
+    def _chunk_fn(self):
+        """:meth:`step` on a steady chunk as a function of ``(x, *positions, *cache arrays)``
+        (the layers' weights are constants of the trace, rebuilt when they change: see
+        ``nets.compiled``); the mask it would add is all zeros, so there is none."""
+        ctx, n = self.left_context, len(self.layers)
+
+        def run(x, *arrays):
+            pos, caches = arrays[:n], arrays[n:]
+            out = []
+            for i, layer in enumerate(self.layers):
+                x, c = layer(x, pos[i], None, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
+                out += [c.keys, c.values, c.conv]
+            return (x, *out)
+
+        return mx.compile(run)
+
+    def _chunk(self, x: mx.array, cache: EncoderCache):
+        """:meth:`step` on a steady chunk (:meth:`_steady_chunk`) as one compiled call: the
+        chunk's small operations fused (the same values as op by op, tested)."""
+        frozen = self.__dict__.get("_chunk_frozen")
+        if frozen is None:
+            frozen = Memo(self)
+            object.__setattr__(self, "_chunk_frozen", frozen)
+        pos_emb = self.pos_enc.pos_emb_for(self.left_context + x.shape[1], x.dtype)
+        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
+        x, *arrays = frozen.get(self._chunk_fn)(x, *pos, *cache.arrays())
+        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
+        return x, EncoderCache(layers, cache.offset + x.shape[1])
+
+    def encode(
+        self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames: int = OFFLINE_CHUNK_FRAMES
+    ) -> mx.array:
+        """Offline: ``mel`` [B, T_mel, n_mels] with ``mel_len`` [B] valid frames -> the first
+        ``total`` encoder frames [B, total, D] (``total``: the longest row's count), chunk by
+        chunk on a left-context cache so memory grows linearly with the input."""
+        factor = 2**self.pre_encode.sampling_num
+        lengths = self.output_lengths(mel_len)
+        size = self.cfg.att_context_size[1] + 1
+        chunk = max(math.ceil(chunk_frames / size) * size, size)
+        cache, outs = self.make_cache(), []
+        for k0 in range(0, total, chunk):
+            k1 = min(k0 + chunk, total)
+            s = max(k0 - PRE_ENCODE_CONTEXT, 0)
+            # Frame k reads mel frames up to factor * k (causal subsampling).
+            x = self.subsample(mel[:, s * factor : (k1 - 1) * factor + 1], s * factor, mel_len)
+            x, cache = self.step(x[:, k0 - s : k1 - s], cache, lengths)
+            if total > chunk:
+                mx.eval(x, *cache.arrays())
+            outs.append(x)
+        return mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
+
+
+class RecognizerNetwork(Versioned, nn.Module):
+    """The parameter tree of Nemotron-3.5-ASR (mlx-audio's key names)."""
+
+    def __init__(self, config: ASRConfig):
+        super().__init__()
+        self.config = config
+        self.model_type = config.model_type
+        self.frontend = MelFrontend(config)  # not a parameter: computed, never loaded
+        self.encoder = RecognizerEncoder(config.encoder)
+        p = config.prompt
+        if p.num_prompts:
+            d = config.encoder.d_model
+            self.prompt_kernel = [
+                nn.Linear(d + p.num_prompts, p.prompt_hidden),
+                nn.ReLU(),
+                nn.Linear(p.prompt_hidden, d),
+            ]
+        self.decoder = RNNTDecoder(config.decoder)
+        self.joint = RNNTJoint(config.joint)
+
+    @property
+    def has_prompt(self) -> bool:
+        return bool(self.config.prompt.num_prompts)
+
+    def apply_prompt(self, x: mx.array, prompt_ids: mx.array) -> mx.array:
+        """Encoder frames [B, T, D] conditioned on each row's prompt id ([B] int)."""
+        if not self.has_prompt:
+            return x
+        B, T, _ = x.shape
+        n = self.config.prompt.num_prompts
+        one_hot = (mx.arange(n)[None, :] == prompt_ids[:, None]).astype(x.dtype)
+        x = mx.concatenate([x, mx.broadcast_to(one_hot[:, None, :], (B, T, n))], axis=-1)
+        for layer in self.prompt_kernel:
+            x = layer(x)
+        return x
+
+    def joint_frames(self, encoded: mx.array, prompt_ids: mx.array) -> mx.array:
+        """Encoder frames -> the joint's encoder side (prompt, then ``joint.enc``)."""
+        return self.joint.project_encoder(self.apply_prompt(encoded, prompt_ids))
+
+    def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
+        """The prediction of the start symbol (a zero input, NeMo's blank-as-pad) for
+        ``batch`` rows: (projected prediction [B, J], LSTM state (h, c) [layers, B, H])."""
+        out, (h, c) = self.decoder(None, None)
+        pred = self.joint.project_prediction(out[:, -1])
+        tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
+        return tile(pred, 0), (tile(h, 1), tile(c, 1))
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError("the recognizer is driven by mlx_voicechat.runtime.asr, not called")

@@ -1,0 +1,216 @@
+"""The greedy transducer loop of the runtime notes, for one row or many, on the device.
+
+The notes' loop (TensorRT Edge-LLM's, matching Transformers' greedy RNN-T): the step (joint on
+the current frame and prediction, argmax) always runs; on a blank the frame cursor advances and
+the prediction network's new state is discarded; on a non-blank the token is emitted, the new
+state adopted and the cursor stays; after ``max_symbols`` non-blanks in a row at one frame the
+cursor advances without a step; decoding stops when the cursor passes the last frame. So a
+clip's steps are its tokens plus its blank steps, and ``steps + forced advances = tokens +
+frames``.
+
+While the prediction is unchanged the labels of the next frames are independent, so one
+compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) runs the
+joint over a window of ``WINDOW`` frames from each row's cursor and takes the first non-blank:
+it settles a run of blank steps and the token after it (the notes' steps, exactly), runs the
+LSTM on that token and adopts its state where a row emitted, as Transformers' batched decoder
+does. Every row has its own cursor, symbol count, prediction and LSTM state, on the device, and
+nothing is read per call. A *round* queues ``N`` calls and reads them at once (one host read):
+per row and call, the blank steps taken and the token emitted (or -1); the host replays the
+cursor rule on them to place each token on its frame and count the steps. A round is sized to
+the frames left and the tokens expected, so a chunk of speech takes one read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from ..nets.version import Memo
+
+NO_TOKEN = -1
+WINDOW = 8  # frames whose joint one call evaluates under one prediction
+MAX_ROUND_CALLS = 64  # calls queued before one read, at most
+
+
+@dataclass
+class RowState:
+    """The host's view of one row: its cursor and symbol count (mirroring the device's),
+    and what it has decoded."""
+
+    frame: int = 0
+    symbols: int = 0
+    steps: int = 0
+    forced: int = 0  # advances after max_symbols non-blanks
+    tokens: List[int] = field(default_factory=list)
+    frames: List[int] = field(default_factory=list)  # the frame of each token
+
+
+def build_step(net):
+    """The compiled call (see the module docstring) for ``net``'s decoder and joint."""
+    decoder, joint = net.decoder, net.joint
+    blank, max_symbols = net.config.blank_id, net.config.max_symbols
+    w = mx.arange(WINDOW, dtype=mx.int32)
+
+    def step(e, pred, h, c, t, sym, length, base, last):
+        """``e`` [B, W, J]: the frames from each row's cursor on."""
+        valid = (t[:, None] + w[None, :]) < length[:, None]
+        x = e + pred[:, None, :]
+        for layer in joint.joint_net:
+            x = layer(x)
+        labels = mx.argmax(x, axis=-1).astype(mx.int32)  # [B, W]
+        token = valid & (labels != blank)
+        emit = mx.any(token, axis=-1)
+        j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
+        k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
+        jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
+        t = t + jump
+        sym = mx.where(jump > 0, 0, sym)
+        out, (h2, c2) = decoder(mx.where(emit, k, 0)[:, None], (h, c))
+        pred2 = joint.project_prediction(out[:, -1])
+        keep = emit[None, :, None]
+        h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
+        pred = mx.where(emit[:, None], pred2, pred)
+        sym = mx.where(emit, sym + 1, sym)
+        forced = emit & (sym >= max_symbols)
+        t = t + forced.astype(mx.int32)
+        sym = mx.where(forced, 0, sym)
+        code = mx.stack([jump, mx.where(emit, k, NO_TOKEN)], axis=-1)
+        index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
+        return code, pred, h, c, t, sym, index
+
+    return mx.compile(step)
+
+
+class GreedyDecoder:
+    """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
+
+    def __init__(self, net, batch: int = 1, lean: bool = False):
+        """``lean``: rounds of just enough calls for the frames and the tokens expected (a
+        live session, whose reads are cheap but whose wasted calls are not); otherwise rounds
+        with slack, so that a clip takes few reads."""
+        self.net = net
+        self.lean = lean
+        self.blank = net.config.blank_id
+        self.max_symbols = net.config.max_symbols
+        self.batch = batch
+        # One compiled step per model and batch size, shared by its decoders (sessions).
+        cache = net.__dict__.get("_greedy_steps")
+        if cache is None:
+            cache = {}
+            object.__setattr__(net, "_greedy_steps", cache)
+        if batch not in cache:
+            cache[batch] = Memo(net.decoder, net.joint)
+        self._frozen = cache[batch]
+        self.reset()
+
+    def reset(self) -> None:
+        B = self.batch
+        self.rows = [RowState() for _ in range(B)]
+        self._pred, (self._h, self._c) = self.net.start(B)
+        self._t = mx.zeros((B,), mx.int32)
+        self._sym = mx.zeros((B,), mx.int32)
+        self._frames: Optional[mx.array] = None  # [B, T, J]: frames from _start on
+        self._start = 0
+
+    def arrays(self) -> List[mx.array]:
+        return [
+            a
+            for a in (self._pred, self._h, self._c, self._t, self._sym, self._frames)
+            if a is not None
+        ]
+
+    # -- the compiled step ---------------------------------------------------------------------
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def push(self, frames: mx.array) -> None:
+        """Append projected encoder frames [B, n, J] (the next ``n`` frames of every row)."""
+        if self._frames is None:
+            self._frames = frames
+        else:
+            self._frames = mx.concatenate([self._frames, frames], axis=1)
+
+    @property
+    def available(self) -> int:
+        return self._start + (0 if self._frames is None else self._frames.shape[1])
+
+    def _drop_consumed(self) -> None:
+        low = min(r.frame for r in self.rows)
+        if self._frames is not None and low > self._start:
+            self._frames = self._frames[:, low - self._start :]
+            self._start = low
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    def pending(self, lengths: List[int]) -> bool:
+        """Whether some row has a frame left before its length (in frames)."""
+        return any(r.frame < n for r, n in zip(self.rows, lengths))
+
+    def round(self, lengths: List[int], calls: Optional[int] = None) -> None:
+        """Queue ``calls`` calls (default: sized to the frames left and the tokens expected)
+        over rows whose frames before ``lengths[b]`` are pushed, read their codes (one host
+        read) and replay them."""
+        B = self.batch
+        left = max(n - r.frame for r, n in zip(self.rows, lengths))
+        if left <= 0:
+            return
+        if calls is None:
+            tokens = self._rate() * left
+            if self.lean:
+                calls = -(-left // WINDOW) + max(1, round(tokens))
+            else:
+                calls = -(-left // WINDOW) + math.ceil(tokens) + 2
+            calls = min(calls, MAX_ROUND_CALLS)
+        T = self._frames.shape[1]
+        flat = self._frames.reshape(B * T, -1)
+        base = mx.arange(B, dtype=mx.int32) * T - self._start
+        last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
+        length = mx.array(lengths, dtype=mx.int32)
+        fn = self._frozen.get(lambda: build_step(self.net), (B, self.blank, self.max_symbols))
+        w = mx.arange(WINDOW, dtype=mx.int32)
+        index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])
+        pred, h, c, t, sym = self._pred, self._h, self._c, self._t, self._sym
+        codes = []
+        for _ in range(calls):
+            code, pred, h, c, t, sym, index = fn(
+                mx.take(flat, index, axis=0), pred, h, c, t, sym, length, base, last
+            )
+            codes.append(code)
+        self._pred, self._h, self._c, self._t, self._sym = pred, h, c, t, sym
+        read = np.array(mx.stack(codes, axis=1).tolist(), dtype=np.int64)  # the round's read
+        mx.async_eval(self.arrays())
+        for r, row in zip(self.rows, read):
+            self._replay(r, row)
+        self._drop_consumed()
+
+    def _rate(self) -> float:
+        """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds:
+        a call past the last token is wasted work, one too few costs another read."""
+        frames = sum(r.frame for r in self.rows)
+        tokens = sum(len(r.tokens) for r in self.rows)
+        return 0.25 if frames < 2 * WINDOW else min(max(tokens / frames, 0.05), 2.0)
+
+    def _replay(self, r: RowState, codes: np.ndarray) -> None:
+        for jump, token in codes:
+            if jump:
+                r.steps += int(jump)
+                r.frame, r.symbols = r.frame + int(jump), 0
+            if token == NO_TOKEN:
+                continue
+            r.steps += 1
+            r.tokens.append(int(token))
+            r.frames.append(r.frame)
+            r.symbols += 1
+            if r.symbols >= self.max_symbols:
+                r.frame, r.symbols = r.frame + 1, 0
+                r.forced += 1
+
+    def run(self, lengths: List[int]) -> List[RowState]:
+        """Decode every row to its length (offline)."""
+        while self.pending(lengths):
+            self.round(lengths)
+        return self.rows

@@ -1,0 +1,113 @@
+"""Live transcription on a VoiceChat checkpoint: its listening path and RNNT head alone.
+
+The same interface as :class:`~mlx_voicechat.runtime.asr_session.TranscriptionSession`
+(``feed`` / ``finish`` -> per-frame :class:`TranscriptEvent` s), so a server offers
+transcription sessions on either kind of checkpoint. Each 80 ms frame runs the live path's
+listening pieces without the LLM or the speech: the mel window (``audioin.MelStream``; frame
+``k`` is final with sample ``1280 k + 199``), the encoder on its left context, and the frame's
+greedy RNNT symbols on the device (``nets.rnnt.FrameDecoder``), one read per frame; the tokens
+equal ``model.transcribe`` on the same samples.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from .asr_events import (
+    TranscriptEvent,
+    TranscriptEvents,
+    TranscriptionError,
+    _mono_float32,
+    close_events,
+)
+from .audioin import MelStream
+
+
+class RNNTTranscription:
+    """Transcription with a VoiceChat model's RNNT head; one thread at a time."""
+
+    def __init__(self, model):
+        self.model = model
+        cfg = model.config
+        self.sample_rate = cfg.input_sample_rate
+        self.frame_samples = cfg.input_samples_per_frame
+        self.forced_language = None
+        self._mel = MelStream(model.stt_model.perception)
+        self._frames = model.rnnt_frames
+        self.reset()
+
+    def reset(self) -> None:
+        self._mel.reset()
+        self._encoder = self.model.stt_model.perception.encoder.make_cache()
+        self._h, self._c, self._pred = self._frames.start()
+        self._events = TranscriptEvents(self.model.rnnt_vocabulary)
+        self.language = None
+        self.tokens: List[int] = []
+        self.token_frames: List[int] = []
+        self.reads = 0
+        self._finished = False
+        self._resampler = None
+
+    def samples_needed(self, k: int) -> int:
+        return self._mel.samples_needed(k)
+
+    @property
+    def latency_samples(self) -> int:
+        return self.samples_needed(0) - self.frame_samples
+
+    @property
+    def received(self) -> int:
+        return self._mel.received
+
+    def _decode(self) -> List[TranscriptEvent]:
+        """Every frame that is final: the encoder and the frame's symbols, one read each."""
+        stt = self.model.stt_model
+        encoder = stt.perception.encoder
+        dtype = encoder.pre_encode.out.weight.dtype
+        n0 = len(self.tokens)
+        while self._mel.ready:
+            k = self._mel.frames
+            mel, j = self._mel.window()
+            x, _ = encoder.pre_encode(mel[None].astype(dtype))
+            y, (self._encoder,) = encoder.step_rows(x[:, j : j + 1], [self._encoder])
+            enc = stt.rnnt_joint.project_encoder(y[:, 0])
+            labels, self._h, self._c, self._pred = self._frames(enc, self._h, self._c, self._pred)
+            for token in labels[0].tolist():  # the frame's one read
+                if token != self._frames.blank:
+                    self.tokens.append(token)
+                    self.token_frames.append(k)
+            self.reads += 1
+        mx.async_eval(self._h, self._c, self._pred, *self._encoder.arrays(), *self._mel.arrays())
+        events = self._events.complete(self.tokens[n0:], self.token_frames[n0:], self._mel.frames)
+        self.language = self._events.language
+        return events
+
+    def feed(self, samples, sample_rate: Optional[int] = None) -> List[TranscriptEvent]:
+        if self._finished:
+            raise TranscriptionError("the session has finished; call reset() to start again")
+        x = _mono_float32(samples)
+        if sample_rate is not None and int(sample_rate) != self.sample_rate and x.size:
+            import soxr
+
+            if self._resampler is None:
+                self._resampler = soxr.ResampleStream(
+                    int(sample_rate), self.sample_rate, 1, dtype="float32"
+                )
+            x = self._resampler.resample_chunk(x)
+        self._mel.push(x)
+        return self._decode()
+
+    def finish(self) -> List[TranscriptEvent]:
+        if self._finished:
+            raise TranscriptionError("the session has already finished")
+        if self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            if tail.size:
+                self._mel.push(tail)
+        self._mel.finish()
+        events = self._decode()
+        self._finished = True
+        return close_events(events, self._mel.frames, self.language)

@@ -1,0 +1,255 @@
+"""Transcription connections: the asyncio side of :mod:`.transcription`.
+
+:func:`serve_connection` is what the app runs per WebSocket: on a Nemotron-3.5-ASR server
+every connection is a transcription session; on a VoiceChat server a connection is the duplex
+:class:`~.connection.Conversation` until its first client event asks for
+``session.type: "transcription"`` before any audio, and from then on a transcription session on
+the model's RNNT head. A :class:`TranscriptionConversation` has three tasks (reader, driver on
+the shared worker thread, writer with a bounded queue), like the duplex one, without the clock:
+a transcript needs no silence fed at real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import List, Optional
+
+from ..errors import VoiceChatError
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation
+from .transcription import TranscriptionRealtime, is_transcription_update
+from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
+
+log = logging.getLogger("mlx_voicechat.serve")
+_CLOSE = object()
+
+
+def is_recognizer(model) -> bool:
+    return getattr(model, "resolve_prompt", None) is not None
+
+
+def open_session(model, language: Optional[str]):
+    """On the worker: a transcription session on either kind of checkpoint (a VoiceChat RNNT
+    head has no language prompt, so a client's language hint is not used there)."""
+    from ..runtime.asr_session import open_transcription
+
+    if not is_recognizer(model):
+        language = None
+    return open_transcription(model, language=language)
+
+
+def warm_up(server) -> None:
+    """On the worker, before the first client: a few frames through the session kind the
+    server's model offers first."""
+    if not is_recognizer(server.model):
+        server.warm_up()
+        return
+    import numpy as np
+
+    s = open_session(server.model, None)
+    s.feed(np.zeros(2 * s.frame_samples * server.model.config.chunk_frames, np.float32))
+    s.finish()
+
+
+async def serve_connection(server, websocket) -> None:
+    """Run one accepted WebSocket to its end (the caller took its slot)."""
+    if is_recognizer(server.model):
+        await TranscriptionConversation(server, websocket).run()
+        return
+    duplex = _Duplex(server, websocket)
+    await duplex.run()
+    if duplex.switch is not None:
+        server.active += 1  # the duplex run gave the slot back
+        server.sessions_served -= 1
+        announced = duplex.outbox.empty()  # its session.created went out
+        await TranscriptionConversation(server, websocket, [duplex.switch], announced).run()
+
+
+class _Duplex(Conversation):
+    """The duplex conversation, handing over to transcription at a first transcription
+    ``session.update`` (before any audio)."""
+
+    switch: Optional[str] = None
+
+    async def _reader(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            if not self.protocol.started and is_transcription_update(raw):
+                self.switch = raw
+                return
+            events, commands = self.protocol.receive(raw)
+            self.send(events)
+            for c in commands:
+                self.command(c)
+
+
+class TranscriptionConversation:
+    """One transcription connection and its session."""
+
+    def __init__(self, server, websocket, pending: List[str] = (), announced: bool = False):
+        self.server, self.ws = server, websocket
+        self.protocol = TranscriptionRealtime(server.model_id)
+        self.pending, self.announced = list(pending), announced
+        self.inbox: deque = deque()
+        self.wake = asyncio.Event()
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
+        self.stopped = asyncio.Event()
+        self.close_code, self.close_reason = 1000, ""
+        self.closing: Optional[tuple] = None
+        self.session = None
+        self.position = 0  # 16 kHz samples received
+        self.consumed = 0  # 16 kHz samples fed
+        self.item_start = 0  # position where the current item began
+
+    # -- plumbing --
+
+    def send(self, events) -> None:
+        for event in events:
+            try:
+                self.outbox.put_nowait(event)
+            except asyncio.QueueFull:
+                self.stop(CLOSE_POLICY, "the client does not read its events")
+                return
+
+    def stop(self, code: int, reason: str) -> None:
+        if not self.stopped.is_set():
+            self.close_code, self.close_reason = code, reason
+            self.stopped.set()
+
+    def fail(self, code: str, message: str, close: int) -> None:
+        """An error event, then the connection closes once the events before it are sent."""
+        if self.closing is not None:
+            return
+        self.closing = (close, message[:120])
+        self.inbox.clear()
+        self.wake.set()
+        try:
+            self.outbox.put_nowait(self.protocol.error(code, message, type_="server_error"))
+            self.outbox.put_nowait(_CLOSE)
+        except asyncio.QueueFull:
+            self.stop(*self.closing)
+
+    def handle(self, raw) -> None:
+        events, commands = self.protocol.receive(raw)
+        self.send(events)
+        for c in commands:
+            if isinstance(c, Append):
+                self.position += c.samples.size
+                lag = (self.position - self.consumed) / MODEL_INPUT_RATE
+                if lag > self.server.max_lag_seconds:
+                    self.fail(
+                        "lag_exceeded",
+                        f"the model is {lag:.1f} s behind the audio (the bound is "
+                        f"{self.server.max_lag_seconds:g} s)",
+                        CLOSE_TRY_AGAIN,
+                    )
+                    return
+            elif isinstance(c, Clear):
+                dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
+                self.inbox = deque(x for x in self.inbox if not isinstance(x, Append))
+                self.position -= dropped
+            self.inbox.append(c)
+        self.wake.set()
+
+    # -- the tasks --
+
+    async def run(self) -> None:
+        if not self.announced:
+            self.send(self.protocol.open())
+        for raw in self.pending:
+            self.handle(raw)
+        tasks = [
+            asyncio.create_task(self._reader()),
+            asyncio.create_task(self._driver()),
+            asyncio.create_task(self._writer()),
+        ]
+        stop = asyncio.create_task(self.stopped.wait())
+        try:
+            done, _ = await asyncio.wait(tasks + [stop], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and not t.cancelled() and t.exception() is not None:
+                    log.error("transcription connection failed", exc_info=t.exception())
+                    self.stop(1011, "internal server error")
+        finally:
+            for t in tasks + [stop]:
+                t.cancel()
+            await asyncio.gather(*tasks, stop, return_exceptions=True)
+            self.server.active -= 1
+            self.server.sessions_served += 1
+            self.session = None
+            if self.stopped.is_set():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.ws.close(self.close_code, self.close_reason), 1.0)
+
+    async def _reader(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            self.handle(raw if raw is not None else (message.get("bytes") or b""))
+
+    async def _writer(self) -> None:
+        while True:
+            event = await self.outbox.get()
+            if event is _CLOSE:
+                self.stop(*self.closing)
+                return
+            try:
+                await self.ws.send_text(json.dumps(event, ensure_ascii=False))
+            except Exception:
+                return
+
+    async def _driver(self) -> None:
+        worker = self.server.worker
+        while True:
+            if not self.inbox:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            if self.closing is not None:
+                await self.stopped.wait()
+            c = self.inbox.popleft()
+            try:
+                if isinstance(c, Start):
+                    self.session = await worker.run(open_session, self.server.model, c.instructions)
+                elif isinstance(c, Append):
+                    samples = self._take_audio(c)
+                    events = await worker.run(self.session.feed, samples)
+                    self.consumed += samples.size
+                    self.send(self.protocol.transcript(events))
+                elif isinstance(c, Commit):
+                    events = await worker.run(self.session.finish)
+                    seconds = (self.position - self.item_start) / MODEL_INPUT_RATE
+                    self.item_start = self.position
+                    self.send(self.protocol.completed(events, seconds, self.session.language))
+                    await worker.run(self.session.reset)
+                elif isinstance(c, Clear) and self.session is not None:
+                    await worker.run(self.session.reset)
+                    self.protocol.item, self.protocol.text = None, ""
+                    self.item_start = self.position
+            except VoiceChatError as e:
+                self.fail("session_error", str(e), CLOSE_POLICY)
+            except Exception as e:
+                log.exception("transcription job failed")
+                self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+
+    def _take_audio(self, first: Append):
+        """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
+        import numpy as np
+
+        limit = self.server.chunk_samples
+        parts, n = [first.samples], first.samples.size
+        while self.inbox and isinstance(self.inbox[0], Append) and n < limit:
+            c = self.inbox.popleft()
+            parts.append(c.samples)
+            n += c.samples.size
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,106 @@
+"""Loading Nemotron-3.5-ASR from mlx-audio's layout or NVIDIA's Transformers layout.
+
+Both are detected from ``config.json`` (:func:`mlx_voicechat.config.asr.is_recognizer_config`).
+Loading is strict: a missing, unexpected or misshaped tensor is one error naming it. Weights
+may be float32, bfloat16 / float16 or quantized (mlx-audio's global ``quantization`` entry, the
+8-bit mlx-community conversion); nothing is fetched for a local folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import mlx.core as mx
+
+from ..config.asr import ASRConfig, is_recognizer_config
+from ..errors import CheckpointError
+from ..files import read_json
+from ..nets.layout import use_cpu_layout
+from .asr_layout import sanitize_recognizer
+from .loading import quantize_model, read_weights, weight_files
+
+__all__ = ["is_recognizer_config", "load_recognizer", "read_recognizer_config", "check_tensors"]
+
+
+def read_recognizer_config(folder: Path, raw: Mapping[str, Any]) -> ASRConfig:
+    """The config of a recognizer folder whose ``config.json`` is ``raw``."""
+    raw = dict(raw)
+    raw.setdefault("model_path", str(folder))
+    if raw.get("model_type") == "nemotron_asr":
+        return ASRConfig.from_dict(raw)
+    tok_path = folder / "tokenizer.json"
+    if not tok_path.exists():
+        raise CheckpointError(
+            f"{folder} has no tokenizer.json; the Transformers layout keeps the recognizer's "
+            "vocabulary there"
+        )
+    tokenizer = read_json(tok_path, CheckpointError)
+    proc_path = folder / "processor_config.json"
+    processor = read_json(proc_path, CheckpointError) if proc_path.exists() else {}
+    if not isinstance(processor, dict):
+        raise CheckpointError(f"{proc_path} must hold a JSON object")
+    return ASRConfig.from_dict(raw, tokenizer=tokenizer, processor=processor)
+
+
+def check_tensors(
+    expected: Mapping[str, Tuple[int, ...]], found: Mapping[str, Tuple[int, ...]], where: str
+) -> None:
+    """``found`` must hold exactly the ``expected`` keys with their shapes; the first
+    difference is one CheckpointError naming the tensor."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"{where} is missing tensor '{missing[0]}' with shape "
+            f"{list(expected[missing[0]])}{more}"
+        )
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointError(
+            f"{where} has unexpected tensor '{unexpected[0]}'{more}; it does not belong to a "
+            "Nemotron-3.5-ASR recognizer with this config"
+        )
+    for k in sorted(found):
+        if tuple(found[k]) != tuple(expected[k]):
+            raise CheckpointError(
+                f"tensor '{k}' has shape {list(found[k])} in {where} but the model expects "
+                f"{list(expected[k])}"
+            )
+
+
+def load_recognizer(
+    folder: Path,
+    raw: Optional[Dict[str, Any]] = None,
+    *,
+    lazy: bool = False,
+    model_class: Optional[type] = None,
+):
+    """The recognizer in ``folder`` (a local checkpoint folder of either layout), built as
+    ``model_class`` (default: the parameter tree, ``nets.asr.RecognizerNetwork``;
+    :func:`mlx_voicechat.load` passes the user-facing ``Recognizer``)."""
+    from mlx.utils import tree_flatten
+
+    if model_class is None:
+        from ..nets.asr import RecognizerNetwork as model_class
+    folder = Path(folder)
+    if raw is None:
+        from .loading import read_config
+
+        raw = read_config(folder)
+    if not is_recognizer_config(raw):
+        raise CheckpointError(f"{folder}/config.json does not describe a Nemotron-3.5-ASR model")
+    config = read_recognizer_config(folder, raw)
+    model = model_class(config)
+    weights = sanitize_recognizer(model, read_weights(weight_files(folder)))
+    quantize_model(model, config.quantization, weights)
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    check_tensors(expected, {k: tuple(v.shape) for k, v in weights.items()}, f"{folder}")
+    model.load_weights(list(weights.items()), strict=True)
+    del weights
+    model.eval()
+    if not lazy:
+        mx.eval(model.parameters())
+        use_cpu_layout(model)
+    return model

@@ -1,0 +1,174 @@
+"""Live transcription: frame-exact to offline for any chunking, one read per frame, bounded."""
+
+import numpy as np
+import pytest
+from fastpath_utils import set_fastpath
+
+from mlx_voicechat import load
+from mlx_voicechat.runtime.asr_session import TranscriptionError, open_transcription
+from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
+
+
+@pytest.fixture(scope="module")
+def asr(tmp_path_factory):
+    root = tmp_path_factory.mktemp("asr-live")
+    return load(make_recognizer_checkpoint(root / "m", "tiny", seed=3))
+
+
+def noise(n, seed=0):
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def run(session, x, chunks):
+    events, i = [], 0
+    for c in chunks:
+        events += session.feed(x[i : i + c])
+        i += c
+    assert i >= len(x)
+    return events + session.finish()
+
+
+def chunking(n, size, seed=0):
+    if size == "random":
+        rng = np.random.default_rng(seed)
+        sizes = []
+        while sum(sizes) < n:
+            sizes.append(int(rng.integers(0, 3000)))
+        return sizes
+    return [size] * (-(-n // size))
+
+
+def check_exact(events, offline):
+    tokens = [t for e in events for t in e.tokens]
+    frames = [e.index for e in events for _ in e.tokens]
+    assert tokens == offline.tokens and frames == offline.frames
+    assert "".join(e.text for e in events) == offline.text
+    assert [e.index for e in events] == list(range(offline.encoder_frames))
+    assert events[-1].final and events[-1].language == offline.language
+
+
+@pytest.mark.parametrize("size", [1, 160, 1280, "random"])
+@pytest.mark.parametrize("edge", ["nemo", "mlx-audio"])
+def test_frame_exact_to_offline(asr, size, edge, sync_count):
+    n = 24321 if size == 1 else 61555
+    x = noise(n, 4)
+    for language in (None, "en-US") if size != 1 else (None,):
+        offline = asr.transcribe(x, language=language, edge=edge)
+        session = asr.session(language=language, edge=edge)
+        sync_count[0] = 0
+        events, i = [], 0
+        for c in chunking(n, size, 7):
+            events += session.feed(x[i : i + c])
+            i += c
+            # At most one host read per 80 ms frame of audio fed so far.
+            assert sync_count[0] <= session.received // 1280
+        events += session.finish()
+        assert sync_count[0] == session.reads <= n // 1280 + 2
+        check_exact(events, offline)
+        assert session.tokens == offline.tokens and session.steps == offline.steps
+
+
+def test_latency_in_samples(asr):
+    """Frames come out with the feed that completes their chunk's last mel window."""
+    s = asr.session()
+    assert s.samples_needed(0) == s.samples_needed(13) == 1280 * 13 + 199
+    assert s.samples_needed(14) == 1280 * 27 + 199
+    assert s.latency_samples == 1280 * 12 + 199  # the first frame of a chunk, after its slot
+    x = noise(1280 * 30, 2)
+    need = s.samples_needed(0)
+    assert s.feed(x[: need - 1]) == [] and s.frames == 0
+    s.feed(x[need - 1 : need])
+    assert s.frames == 14  # the whole first chunk, at once
+
+
+def test_state_stays_bounded(asr):
+    """Cache-aware: a long stream holds a window of samples, mel and encoder context only."""
+    s = asr.session()
+    x = noise(16000 * 30, 9)
+    for i in range(0, len(x), 4000):
+        s.feed(x[i : i + 4000])
+    assert s.frames == 364 and len(s._y) <= 14 * 1280 + 4000 + 512
+    assert s._mel.shape[0] <= 14 * 8 + 3 * 8
+    assert all(c.keys.shape[2] <= 56 for c in s._cache.layers)
+    assert s._decoder._frames.shape[1] <= 2 * 14
+
+
+def test_bad_calls(asr):
+    s = asr.session()
+    with pytest.raises(TranscriptionError, match="mono samples"):
+        s.feed(np.zeros((2, 100)))
+    with pytest.raises(TranscriptionError, match="finite"):
+        s.feed(np.array([np.nan], np.float32))
+    s.finish()
+    with pytest.raises(TranscriptionError, match="finished"):
+        s.feed(noise(10))
+    s.reset()
+    assert s.feed(noise(1000)) == []
+
+
+def test_resampled_input(asr):
+    x = noise(48000, 3)
+    a = asr.session()
+    ev = run(a, x, [4800] * 10)
+    b = asr.session()
+    import soxr
+
+    x24 = soxr.resample(x, 16000, 24000)
+    ev24 = []
+    for i in range(0, len(x24), 7200):
+        ev24 += b.feed(x24[i : i + 7200], sample_rate=24000)
+    ev24 += b.finish()
+    assert abs(b.received - len(x)) < 64 and len(ev24) >= len(ev) - 1
+
+
+def test_voicechat_checkpoint_transcribes_live(tiny):
+    """A VoiceChat checkpoint's transcription session is its RNNT head, frame-exact too."""
+    x = noise(30000, 1)
+    offline = tiny.transcribe(x)
+    s = open_transcription(tiny)
+    events = run(s, x, [1000] * 30)
+    assert [t for e in events for t in e.tokens] == offline.tokens
+    assert [e.index for e in events for _ in e.tokens] == offline.frames
+    assert "".join(e.text for e in events) == offline.text and events[-1].final
+    with pytest.raises(TranscriptionError, match="no language prompt"):
+        open_transcription(tiny, language="en-US")
+
+
+def test_compiled_chunk_step_equals_op_by_op(asr, monkeypatch):
+    """A stream's whole chunks on a full left context run as one compiled call: the same
+    values as the encoder step op by op, and the same session events."""
+    import mlx.core as mx
+
+    enc = asr.encoder
+    d = enc.cfg.d_model
+    x = [mx.array(noise(14 * d, i).reshape(1, 14, d)) for i in range(7)]
+    outs = {}
+    for compiled in (True, False):
+        set_fastpath(monkeypatch, "asr.chunk", compiled)
+        cache, ys = enc.make_cache(), []
+        for chunk in x:
+            y, cache = enc.step(chunk, cache)
+            ys.append(y)
+        outs[compiled] = mx.concatenate(ys, axis=1)
+    set_fastpath(monkeypatch, "asr.chunk", True)
+    assert enc._steady_chunk(x[0], cache)
+    assert np.array_equal(np.array(outs[True]), np.array(outs[False]))  # bit for bit
+    audio = noise(16000 * 6, 3)
+    events = {}
+    for compiled in (True, False):
+        set_fastpath(monkeypatch, "asr.chunk", compiled)
+        events[compiled] = [(e.index, e.tokens) for e in run(asr.session(), audio, [1280] * 75)]
+    set_fastpath(monkeypatch, "asr.chunk", True)
+    assert events[True] == events[False]
+
+
+@pytest.mark.parametrize("n", [100, 160, 1281])
+@pytest.mark.parametrize("edge", ["nemo", "mlx-audio"])
+def test_short_clips(asr, n, edge):
+    """Under one encoder chunk (and under one mel hop) the session still equals offline."""
+    x = noise(n, n)
+    offline = asr.transcribe(x, edge=edge)
+    s = asr.session(edge=edge)
+    events = s.feed(x) + s.finish()
+    assert [e.index for e in events] == list(range(offline.encoder_frames))
+    assert [t for e in events for t in e.tokens] == offline.tokens
