@@ -219,10 +219,16 @@ class Conversation:
             raw = message.get("text")
             if raw is None:
                 raw = message.get("bytes") or b""
-            events, commands = self.protocol.receive(raw)
-            self.send(events)
-            for c in commands:
-                self.command(c)
+            if not self.take(raw):
+                return
+
+    def take(self, raw) -> bool:
+        """One client message through the protocol; False ends the reader."""
+        events, commands = self.protocol.receive(raw)
+        self.send(events)
+        for c in commands:
+            self.command(c)
+        return True
 
     async def _writer(self) -> None:
         while True:

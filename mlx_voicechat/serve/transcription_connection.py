@@ -74,21 +74,11 @@ class _Duplex(Conversation):
 
     switch: Optional[str] = None
 
-    async def _reader(self) -> None:
-        while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            raw = message.get("text")
-            if raw is None:
-                raw = message.get("bytes") or b""
-            if not self.protocol.started and is_transcription_update(raw):
-                self.switch = raw
-                return
-            events, commands = self.protocol.receive(raw)
-            self.send(events)
-            for c in commands:
-                self.command(c)
+    def take(self, raw) -> bool:
+        if not self.protocol.started and is_transcription_update(raw):
+            self.switch = raw
+            return False
+        return super().take(raw)
 
 
 class TranscriptionConversation:
@@ -101,6 +91,8 @@ class TranscriptionConversation:
         self.inbox: deque = deque()
         self.wake = asyncio.Event()
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
+        self.room = asyncio.Event()  # the writer has sent replies off: the reader goes on
+        self.high_water = max(1, server.send_queue_size // 2)
         self.stopped = asyncio.Event()
         self.close_code, self.close_reason = 1000, ""
         self.closing: Optional[tuple] = None
@@ -191,6 +183,11 @@ class TranscriptionConversation:
 
     async def _reader(self) -> None:
         while True:
+            # As the duplex reader: a burst of events that each get a reply waits here for the
+            # client to read them; only a client that does not read fills the send queue.
+            while self.outbox.qsize() >= self.high_water:
+                self.room.clear()
+                await self.room.wait()
             message = await self.ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
@@ -200,6 +197,8 @@ class TranscriptionConversation:
     async def _writer(self) -> None:
         while True:
             event = await self.outbox.get()
+            if self.outbox.qsize() < self.high_water:
+                self.room.set()
             if event is _CLOSE:
                 self.stop(*self.closing)
                 return
