@@ -752,3 +752,82 @@ def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model,
         for (_, audio, text, _), (w_audio, w_text, _) in zip(got, want):
             assert audio == w_audio and text == w_text, k
     wait_free(two_slots)
+
+
+@pytest.fixture(scope="module")
+def four_slots(model, worker):
+    """`serve --max-sessions 4`: the server steps its conversations in one batch."""
+    app = create_app(
+        model, silence_feed=False, max_sessions=4, stats_every_frames=1, worker=worker,
+        warmup=False,
+    )
+    s = _start(app)
+    yield s
+    s.__exit__(None, None, None)
+
+
+async def _sdk_conversation(server, x, start=None):
+    """A stock ``openai`` realtime client: 16 kHz in / 22.05 kHz out, ``x`` in 100 ms chunks;
+    returns its audio deltas and transcript deltas once every frame of the input is in (the
+    server's stats events count them)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused")
+    audio, text = [], []
+    frames = (len(x) - 199) // 1280 + 1
+    async with client.realtime.connect(model="nemotron-voicechat") as conn:
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {
+                    "input": {"format": {"type": "audio/pcm", "rate": 16000}},
+                    "output": {"format": {"type": "audio/pcm", "rate": 22050}},
+                },
+            }
+        )
+        async for event in conn:
+            if event.type == "session.updated":
+                if start is not None:
+                    await start.wait()  # every client streams at once
+                for i in range(0, len(x), 1600):
+                    await conn.input_audio_buffer.append(audio=pcm(x[i : i + 1600]))
+            elif event.type == "response.output_audio.delta":
+                audio.append(event.delta)
+            elif event.type == "response.output_audio_transcript.delta":
+                text.append(event.delta)
+            elif event.type == "x-voicechat.stats" and event.model_dump()["frames"] >= frames:
+                break
+            assert event.type != "error", event
+        reader = asyncio.create_task(drain(conn))
+    await asyncio.wait_for(reader, TIMEOUT)
+    return audio, text
+
+
+def test_max_sessions_4_batches_four_stock_clients_each_as_alone(four_slots, worker, monkeypatch):
+    """Four stock ``openai`` realtime clients at once on one server with --max-sessions 4:
+    its steps are batched (more than one conversation per step), and each client gets the
+    audio and text it gets alone on the same server."""
+    pytest.importorskip("openai")
+    from mlx_voicechat.runtime.batch import SessionBatch
+
+    inputs = [noise(1.6, 16000, seed=40 + i) for i in range(4)]
+    alone = [run(_sdk_conversation(four_slots, x)) for x in inputs]
+    wait_free(four_slots)
+    widths = []
+    real = SessionBatch.step
+    monkeypatch.setattr(
+        SessionBatch, "step", lambda self: widths.append(sum(h.ready for h in self.sessions)) or real(self)
+    )
+
+    async def together():
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(_sdk_conversation(four_slots, x, start)) for x in inputs]
+        await asyncio.sleep(0.5)
+        start.set()
+        return await asyncio.gather(*tasks)
+
+    got = run(together())
+    for (a, t), (wa, wt) in zip(got, alone):
+        assert a and a == wa and t == wt
+    assert max(widths) > 1  # conversations shared a step
+    wait_free(four_slots)
