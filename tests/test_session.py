@@ -3,6 +3,7 @@ frame, fast open, threads, bad input, long sessions, barge-in."""
 
 import threading
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.nets import heads
 from mlx_voicechat.noise import ReplayNoise
 from mlx_voicechat.runtime import framestate, step
+from mlx_voicechat.runtime.generate import listen as generate_listen
 from mlx_voicechat.runtime.session import SessionError
 
 def _noise(io):
@@ -406,3 +408,32 @@ def test_fed_from_two_threads_in_turn(tiny, tiny_offline):
     events += s.finish(0.5)
     s.close()
     _same_as_offline(events, tiny_offline)
+
+
+def test_a_burst_of_rnnt_tokens_comes_out_with_its_frame(tiny_checkpoints):
+    """A joint crafted to emit a token at every step: each frame has max_symbols tokens, and
+    all of them come out with the frame's own event (the frame's greedy symbols run on the
+    device in its one read), equal to the offline transcript's frames."""
+    from mlx_voicechat.nets.rnnt import greedy_decode
+
+    model = load(tiny_checkpoints["mlx-community"])
+    joint = model.stt_model.rnnt_joint
+    last = joint.joint_net[-1]
+    bias = mx.zeros(last.bias.shape).at[3].add(50.0)
+    joint.update({"joint_net": [{} for _ in joint.joint_net[:-1]] + [{"bias": bias}]})
+    wave = _wave(0.9, seed=9)
+    s = model.session("", seed=0)
+    per_frame = []
+    for i in range(0, len(wave), 1280):
+        before = len(s.transcript_tokens)
+        for e in s.feed(wave[i : i + 1280]):
+            per_frame.append((e.index, len(s.transcript_tokens) - before))
+            before = len(s.transcript_tokens)
+    _, encoded, F = generate_listen(model, wave)
+    tokens, frames = greedy_decode(
+        model.stt_model.rnnt_decoder, joint, encoded, F, joint.blank_id, model.config.audio_config.max_symbols
+    )
+    cap = model.config.audio_config.max_symbols
+    assert cap > 1 and all(n == cap for _, n in per_frame)
+    assert s.transcript_tokens == tokens[: len(s.transcript_tokens)]
+    assert [k for k, n in per_frame for _ in range(n)] == frames[: len(s.transcript_tokens)]
