@@ -123,7 +123,7 @@ def stage_weight_bytes(model) -> Dict[str, dict]:
         + _nbytes(mog.proj_mus) // mog.num_predictions
         + (mog.low_mat.nbytes // mog.num_predictions if "low_mat" in mog else 0)
     )
-    table, sq_norms = tts._rvq_tables()
+    table, sq_norms = tts.sampler.tables()
     out = {
         "encoder": (_nbytes(stt.perception), "perception: mel filters, encoder, projection"),
         "rnnt": (

@@ -316,7 +316,8 @@ class SessionBatch:
     def _queue_round(self, ready: List[SessionHandle]):
         """Queue one frame of each ready conversation: the joined ones in one batched frame,
         a joining one alone (its first frame), then merged into the batch."""
-        joined = [h for h in ready if h.joined]
+        # In row order: when every row has a frame, the batch's state is stepped as it is.
+        joined = [h for h in self._rows if h in ready]
         fresh = [h for h in ready if not h.joined]
         packed, entries = [], []
         if joined:
