@@ -59,6 +59,9 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from . import serve_ray
+
+    serve_ray.add_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -73,6 +76,8 @@ def _loopback(host: str) -> bool:
 
 
 def run(args) -> int:
+    from . import serve_ray
+
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -87,6 +92,7 @@ def run(args) -> int:
         raise ServeError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not args.max_lag_seconds > 0:
         raise ServeError(f"--max-lag-seconds must be > 0, got {args.max_lag_seconds}")
+    serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
         print(
@@ -94,6 +100,10 @@ def run(args) -> int:
             f"who reaches this address can use the model (set --api-key or ${KEY_ENV})",
             file=sys.stderr,
         )
+
+    model_id = os.path.basename(os.path.normpath(str(args.model))) or str(args.model)
+    if args.ray:
+        return serve_ray.run(args, key, model_id)
 
     from .. import load
     from ..serve.app import WS_MAX_SIZE, create_app
@@ -106,7 +116,7 @@ def run(args) -> int:
         allow_origins=args.allow_origin,
         silence_feed=not args.no_silence_feed,
         max_lag_seconds=args.max_lag_seconds,
-        model_id=os.path.basename(os.path.normpath(str(args.model))) or str(args.model),
+        model_id=model_id,
         seed=args.seed,
     )
     print(

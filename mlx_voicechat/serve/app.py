@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation, Server
 from .protocol import Realtime
@@ -40,6 +40,8 @@ def create_app(
     warmup: bool = True,
     static_dir: Optional[Path] = None,
     worker: Optional[Worker] = None,
+    vendor: Optional[dict] = None,
+    health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -52,7 +54,9 @@ def create_app(
     comes / at most. ``chunk_frames``: frames per worker job. ``send_queue_size``: server events
     waiting for a slow client before it is dropped. ``session_options``: more keyword
     arguments of ``model.session`` (e.g. ``max_seconds``). ``worker``: the :class:`Worker` thread
-    for the MLX work (default: the process's shared one)."""
+    for the MLX work (default: the process's shared one). ``vendor``: fields of the vendor
+    object ``x-voicechat`` in ``session.created`` (e.g. which replica serves it).
+    ``health_extra``: an async function whose dict is added to ``/health``'s."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
@@ -74,6 +78,7 @@ def create_app(
         session_options=session_options,
         worker=worker,
     )
+    server.vendor = dict(vendor or {})
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
     @contextlib.asynccontextmanager
@@ -88,13 +93,16 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return {
+        body = {
             "status": "ok" if server.ready else "starting",
             "model": server.model_id,
             "sessions": server.active,
             "max_sessions": server.max_sessions,
             "sessions_served": server.sessions_served,
         }
+        if health_extra is not None:
+            body.update(await health_extra())
+        return body
 
     @app.get("/v1/models")
     async def models(request: Request):

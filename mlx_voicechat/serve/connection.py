@@ -78,6 +78,7 @@ class Server:
         self.active = 0
         self.ready = False
         self.sessions_served = 0
+        self.vendor: dict = {}  # the x-voicechat fields of session.created
 
     def open_session(self, instructions: Optional[str], tools=()):
         """On the worker: a fresh streaming session with the client's instructions and tools."""
@@ -217,7 +218,7 @@ class Conversation:
     # -- the tasks --
 
     async def run(self) -> None:
-        self.send(self.protocol.open())
+        self.send(self.protocol.open(self.server.vendor))
         tasks = [
             asyncio.create_task(self._reader()),
             asyncio.create_task(self._driver()),
