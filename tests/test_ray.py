@@ -9,7 +9,6 @@ takes most of the module's time, so every test shares them.
 """
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -36,6 +35,7 @@ openai = pytest.importorskip("openai")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
+from test_server import Client, pcm  # noqa: E402  (this folder's: until(), the PCM encoding)
 
 from mlx_voicechat.serve.ray_app import start_serve  # noqa: E402
 from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402
@@ -183,10 +183,6 @@ def noise(seconds, rate=24000, seed=0):
     return (rng.standard_normal(int(seconds * rate)) * 3000).astype("<i2")
 
 
-def pcm(samples):
-    return base64.b64encode(np.asarray(samples, "<i2").tobytes()).decode()
-
-
 _ID = re.compile(r"^(resp|item|sess|conv)_[0-9a-f]+$")
 
 
@@ -208,7 +204,7 @@ def normalized(events):
     return [walk(e) for e in events if e["type"] != "x-voicechat.stats"]
 
 
-class Session:
+class Session(Client):
     """A stock ``openai`` realtime connection, its events read as raw JSON."""
 
     def __init__(self, base_url):
@@ -244,13 +240,6 @@ class Session:
     async def send_audio(self, samples, chunk=4800):
         for i in range(0, len(samples), chunk):
             await self.conn.input_audio_buffer.append(audio=pcm(samples[i : i + chunk]))
-
-    async def until(self, pred, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
-        while True:
-            e = await self.recv(max(deadline - time.monotonic(), 0.01))
-            if pred(e):
-                return e
 
     async def until_events(self, n, timeout=TIMEOUT):
         """Until ``n`` events besides the stats events have come."""

@@ -101,6 +101,10 @@ def _wait_ready(args) -> dict:
         time.sleep(0.5)
 
 
+def say(text: str) -> None:
+    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
+
+
 def run(args, key, model_id: str) -> int:
     try:
         import ray
@@ -112,7 +116,6 @@ def run(args, key, model_id: str) -> int:
     local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
     started_serve = False
     deployed = False
-    say = lambda text: print(f"mlx-voicechat serve: {text}", file=sys.stderr)  # noqa: E731
     try:
         try:
             ray.init(address=args.ray_address, logging_level=SERVE_LOG_LEVELS[args.log_level])
@@ -169,7 +172,7 @@ def run(args, key, model_id: str) -> int:
             time.sleep(3600)
     finally:
         if ray.is_initialized():
-            _stop(serve, ray, local=local, started_serve=started_serve, deployed=deployed, say=say)
+            _stop(serve, ray, local=local, started_serve=started_serve, deployed=deployed)
 
 
 def _take_back_signals() -> None:
@@ -185,7 +188,7 @@ def _take_back_signals() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool, say) -> None:
+def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> None:
     """Delete this deployment; stop Serve if this started it and nothing else runs on it, and
     the cluster if this started it."""
     from ..serve.ray_app import APP_NAME

@@ -47,7 +47,7 @@ HEALTH_CHECK_SECONDS = 2.0  # how soon Ray's controller sees a dead replica and 
 DRAIN_SECONDS = 10.0  # a replica Ray stops gives its open sessions this long before closing
 AUTOSCALE_HEADROOM = 0.8  # autoscaling keeps the replicas' sessions at this share of capacity
 API_KEY_ENV = "MLX_VOICECHAT_API_KEY"  # as `serve`: the key when none is given
-CLOSE_UNAVAILABLE = 1011
+CLOSE_NO_MODEL = 1011  # "internal error": this replica cannot serve at all
 
 
 @ray.remote(num_cpus=0)
@@ -106,7 +106,7 @@ class VoiceChatReplica:
             self.model = await Worker.shared().run(_load, model, tokenizer)  # MLX on its thread
         except Exception as e:  # reported in /health; the replica takes no sessions
             self.model, self.error = None, f"the model failed to load: {_one_line(e)}"
-        self._board = serve.get_deployment_actor(BOARD)
+        self._board = None  # the SessionBoard, found by _report_forever
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
     def __serve_build_asgi_app__(self):
@@ -156,18 +156,19 @@ class VoiceChatReplica:
             row = self.row()
             if row != last or time.monotonic() - sent >= REPORT_SECONDS:
                 try:
+                    if self._board is None:
+                        self._board = serve.get_deployment_actor(BOARD)
                     await self._board.report.remote(self.name, row)
                     last, sent = row, time.monotonic()
-                except Exception:  # the board is being recreated: find the new one
-                    with contextlib.suppress(Exception):
-                        self._board = serve.get_deployment_actor(BOARD)
+                except Exception:  # not up yet, or being recreated: look it up again
+                    self._board = None
             await asyncio.sleep(CHANGE_SECONDS)
 
     async def deployment_health(self) -> dict:
         """The ``/health`` fields beside the single server's: this replica and the deployment."""
         try:
             rows = await self._board.rows.remote(STALE_SECONDS)
-        except Exception:
+        except Exception:  # (no board yet: this replica alone)
             rows = []
         rows = sorted(
             [r for r in rows if r["replica"] != self.name] + [self.row()],
@@ -188,8 +189,8 @@ class VoiceChatReplica:
     async def __del__(self):
         if hasattr(self, "_reporter"):  # (not where __init__ failed)
             self._reporter.cancel()
-            with contextlib.suppress(Exception):
-                await self._board.forget.remote(self.name)
+        with contextlib.suppress(Exception):
+            await self._board.forget.remote(self.name)
 
     # -- a replica without a model --
 
@@ -217,7 +218,7 @@ class VoiceChatReplica:
             )
             with contextlib.suppress(Exception):
                 await websocket.send_json(event)
-                await websocket.close(code=CLOSE_UNAVAILABLE, reason="model failed to load")
+                await websocket.close(code=CLOSE_NO_MODEL, reason="model failed to load")
 
         @app.api_route("/{path:path}", methods=["GET", "POST"])
         async def anything(path: str):
@@ -328,8 +329,9 @@ def app_builder(args: dict):
     """``serve run`` / ``serve deploy`` entry point (``import_path:
     mlx_voicechat.serve.ray_app:app_builder``). ``args``: ``model`` (required), ``tokenizer``,
     ``model_id``, ``max_sessions``, ``replicas`` or ``min_replicas`` / ``max_replicas``,
-    ``api_key`` (default: ``$MLX_VOICECHAT_API_KEY`` on the replica), ``allow_origins``,
-    ``silence_feed``, ``max_lag_seconds``, ``seed``, ``ray_actor_options``."""
+    ``api_key`` (default: ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g.
+    from its ``runtime_env.env_vars``), ``allow_origins``, ``silence_feed``,
+    ``max_lag_seconds``, ``seed``, ``ray_actor_options``."""
     args = dict(args or {})
     unknown = sorted(set(args) - _BUILDER_ARGS)
     if unknown:

@@ -3,8 +3,10 @@
 :class:`SessionRouter` is the request router of the deployment: a new connection goes to the
 replica with the fewest ongoing requests among all those whose model is ready (not two drawn
 at random, as Ray's default router does), so a full replica is chosen only when every replica
-is full, and it then answers ``server_busy`` itself. :class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection
-whose replica went away (its process died or was stopped) gets an ``error`` event with code
+is full, and it then answers ``server_busy`` itself.
+
+:class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection whose
+replica went away (its process died or was stopped) gets an ``error`` event with code
 ``replica_lost`` and the close code :data:`CLOSE_REPLICA_LOST` instead of a dropped socket.
 
 Neither imports MLX: both run in Ray's proxy processes.
