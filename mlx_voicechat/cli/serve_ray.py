@@ -15,7 +15,12 @@ import time
 import urllib.error
 import urllib.request
 
-from .serve import ServeError
+from ..errors import VoiceChatError
+
+
+class RayDeployError(VoiceChatError):
+    """The Ray deployment cannot start as asked (one line, as ``serve``'s own errors)."""
+
 
 RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
 # Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
@@ -55,17 +60,19 @@ def check(args) -> None:
     ]
     if not args.ray:
         if ray_flags:
-            raise ServeError(f"{ray_flags[0]} needs --ray")
+            raise RayDeployError(f"{ray_flags[0]} needs --ray")
         return
     autoscale = args.min_replicas is not None or args.max_replicas is not None
     if args.replicas is not None and autoscale:
-        raise ServeError("give --replicas, or --min-replicas / --max-replicas, not both")
+        raise RayDeployError("give --replicas, or --min-replicas / --max-replicas, not both")
     if args.replicas is not None and args.replicas < 1:
-        raise ServeError(f"--replicas must be at least 1, got {args.replicas}")
+        raise RayDeployError(f"--replicas must be at least 1, got {args.replicas}")
     low = 1 if args.min_replicas is None else args.min_replicas
     high = max(low, 1) if args.max_replicas is None else args.max_replicas
     if autoscale and (low < 0 or high < max(low, 1)):
-        raise ServeError(f"need 0 <= --min-replicas <= --max-replicas (>= 1), got {low}, {high}")
+        raise RayDeployError(
+            f"need 0 <= --min-replicas <= --max-replicas (>= 1), got {low}, {high}"
+        )
 
 
 def _health(host: str, port: int):
@@ -86,18 +93,18 @@ def _wait_ready(args) -> dict:
             status, body = _health(args.host, args.port)
         except (OSError, ValueError) as e:
             if time.monotonic() > deadline:
-                raise ServeError(
+                raise RayDeployError(
                     f"nothing answers at {args.host}:{args.port} ({e}); where Serve already ran "
                     "on this cluster, its proxies keep their own host and port"
                 ) from None
             time.sleep(0.5)
             continue
         if status == 503 and body.get("error"):
-            raise ServeError(f"no replica is ready: {body['error']}")
+            raise RayDeployError(f"no replica is ready: {body['error']}")
         if status == 200:
             return body
         if time.monotonic() > deadline:
-            raise ServeError(f"/health answers {status}: {body}")
+            raise RayDeployError(f"/health answers {status}: {body}")
         time.sleep(0.5)
 
 
@@ -110,7 +117,7 @@ def run(args, key, model_id: str) -> int:
         import ray
         from ray import serve
     except ImportError as e:
-        raise ServeError(f"--ray needs Ray Serve ({e.name} is missing): {RAY_EXTRA}") from None
+        raise RayDeployError(f"--ray needs Ray Serve ({e.name} is missing): {RAY_EXTRA}") from None
     from ..serve.ray_app import APP_NAME, realtime_app, start_serve
 
     local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
@@ -128,7 +135,7 @@ def run(args, key, model_id: str) -> int:
                     "RAY_AUTH_MODE=token, and the cluster's token in ~/.ray/auth_token or "
                     "RAY_AUTH_TOKEN"
                 )
-            raise ServeError(f"cannot start or join a Ray cluster {where}: {why}") from None
+            raise RayDeployError(f"cannot start or join a Ray cluster {where}: {why}") from None
         _take_back_signals()
         if local:
             address = ray.get_runtime_context().gcs_address
@@ -138,11 +145,11 @@ def run(args, key, model_id: str) -> int:
         if need > cpus:
             message = f"{need} replica(s) need {need} CPU(s); the Ray cluster has {cpus:g}"
             if local:
-                raise ServeError(message + " (join a larger one with --ray-address)")
+                raise RayDeployError(message + " (join a larger one with --ray-address)")
             say(f"warning: {message}: the rest wait for the cluster to grow")
         started_serve = start_serve(args.host, args.port, SERVE_LOG_LEVELS[args.log_level])
         if APP_NAME in serve.status().applications:
-            raise ServeError(f"an application named {APP_NAME!r} already runs on this cluster")
+            raise RayDeployError(f"an application named {APP_NAME!r} already runs on this cluster")
         app = realtime_app(
             args.model,
             max_sessions=args.max_sessions,
