@@ -96,6 +96,9 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from . import serve_ray
+
+    serve_ray.add_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -111,6 +114,7 @@ def _loopback(host: str) -> bool:
 
 def run(args) -> int:
     from ..serve.limits import Limits, open_file_limits
+    from . import serve_ray
 
     # Before anything imports mlx_lm.utils, which lowers the open-file limits at its import
     # (the import below keeps them; whatever else lowers them is undone after the load).
@@ -140,6 +144,7 @@ def run(args) -> int:
             name = "--" + flag.replace("_", "-")
             raise ServeError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
     limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
+    serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
         print(
@@ -151,6 +156,10 @@ def run(args) -> int:
     from ..serve.limits import import_mlx_lm_keeping_limits, raise_open_file_limit, uvicorn_options
 
     import_mlx_lm_keeping_limits()
+    model_id = os.path.basename(os.path.normpath(str(args.model))) or str(args.model)
+    if args.ray:
+        return serve_ray.run(args, key, model_id)
+
     from .. import load
     from ..serve.app import WS_MAX_SIZE, create_app
 
@@ -162,7 +171,7 @@ def run(args) -> int:
         allow_origins=args.allow_origin,
         silence_feed=not args.no_silence_feed,
         max_lag_seconds=args.max_lag_seconds,
-        model_id=os.path.basename(os.path.normpath(str(args.model))) or str(args.model),
+        model_id=model_id,
         seed=args.seed,
         idle_timeout=args.idle_timeout or None,
         max_prompt_tokens=args.max_prompt_tokens,

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
@@ -59,6 +59,8 @@ def create_app(
     worker: Optional[Worker] = None,
     idle_timeout: Optional[float] = IDLE_TIMEOUT,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    vendor: Optional[dict] = None,
+    health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -74,7 +76,10 @@ def create_app(
     for the MLX work (default: the process's shared one). ``idle_timeout``: seconds without
     client audio before the connection is closed (error ``idle_timeout``, close 4408; None: no
     bound). ``max_prompt_tokens``: the longest prompt (instructions and tools) a session
-    takes, in tokens; longer instructions are refused by their length before any tokenizing."""
+    takes, in tokens; longer instructions are refused by their length before any tokenizing.
+    ``vendor``: fields of the vendor object ``x-voicechat`` in ``session.created`` (e.g. which
+    replica serves it). ``health_extra``: an async function whose dict is added to
+    ``/health``'s."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
@@ -98,6 +103,7 @@ def create_app(
         idle_timeout=idle_timeout,
         max_prompt_tokens=max_prompt_tokens,
     )
+    server.vendor = dict(vendor or {})
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
     @contextlib.asynccontextmanager
@@ -113,13 +119,16 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return {
+        body = {
             "status": "ok" if server.ready else "starting",
             "model": server.model_id,
             "sessions": server.active,
             "max_sessions": server.max_sessions,
             "sessions_served": server.sessions_served,
         }
+        if health_extra is not None:
+            body.update(await health_extra())
+        return body
 
     @app.get("/v1/models")
     async def models(request: Request):

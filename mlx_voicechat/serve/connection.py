@@ -166,7 +166,7 @@ class Conversation:
     # -- the tasks --
 
     async def run(self) -> None:
-        self.send(self.protocol.open())
+        self.send(self.protocol.open(self.server.vendor))
         tasks = [
             asyncio.create_task(self._reader()),
             asyncio.create_task(self._driver()),

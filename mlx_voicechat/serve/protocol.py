@@ -152,9 +152,12 @@ class Realtime(Responses):
             "max_output_tokens": "inf",
         }
 
-    def open(self) -> List[Event]:
-        """The events sent when the connection opens."""
-        return [self._event("session.created", session=self.session_object())]
+    def open(self, vendor: Optional[dict] = None) -> List[Event]:
+        """The events sent when the connection opens; ``vendor`` fields go in ``x-voicechat``."""
+        created = self._event("session.created", session=self.session_object())
+        if vendor:
+            created["x-voicechat"] = dict(vendor)
+        return [created]
 
     # -- client events --
 

@@ -72,6 +72,7 @@ class Server:
         self.active = 0
         self.ready = False
         self.sessions_served = 0
+        self.vendor: dict = {}  # the x-voicechat fields of session.created (a Ray replica's name)
 
     def open_session(self, instructions: Optional[str], tools=()):
         """On the worker: a new conversation of the server's batch with the client's

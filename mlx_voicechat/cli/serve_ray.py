@@ -1,0 +1,211 @@
+"""``mlx-voicechat serve --ray``: the same server as replicas on a Ray cluster (Ray Serve).
+
+Joins the cluster at ``--ray-address`` (or starts a local one), deploys
+:func:`mlx_voicechat.serve.ray_app.realtime_app` with Ray's HTTP proxy on ``--host:--port``,
+and on Ctrl-C / SIGTERM deletes its deployment (and stops what it started: Serve where no other
+application is left, the local cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from ..errors import VoiceChatError
+
+
+class RayDeployError(VoiceChatError):
+    """The Ray deployment cannot start as asked (one line, as ``serve``'s own errors)."""
+
+
+RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
+# Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
+SERVE_LOG_LEVELS = {"debug": "DEBUG", "info": "WARNING", "warning": "WARNING", "error": "ERROR"}
+READY_TIMEOUT = 30.0  # seconds for /health to answer once Ray says the replicas run
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("scale-out on Ray Serve")
+    g.add_argument(
+        "--ray",
+        action="store_true",
+        help=f"serve replicas of the model on a Ray cluster through Ray Serve ({RAY_EXTRA})",
+    )
+    g.add_argument("--replicas", type=int, default=None, help="replicas (default 1)")
+    g.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many")
+    g.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many")
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="the Ray cluster to join (host:port or auto; default: start a local one)",
+    )
+
+
+def check(args) -> None:
+    """One-line errors for Ray flags that do not go together."""
+    ray_flags = [
+        f
+        for f, v in (
+            ("--replicas", args.replicas),
+            ("--min-replicas", args.min_replicas),
+            ("--max-replicas", args.max_replicas),
+            ("--ray-address", args.ray_address),
+        )
+        if v is not None
+    ]
+    if not args.ray:
+        if ray_flags:
+            raise RayDeployError(f"{ray_flags[0]} needs --ray")
+        return
+    autoscale = args.min_replicas is not None or args.max_replicas is not None
+    if args.replicas is not None and autoscale:
+        raise RayDeployError("give --replicas, or --min-replicas / --max-replicas, not both")
+    if args.replicas is not None and args.replicas < 1:
+        raise RayDeployError(f"--replicas must be at least 1, got {args.replicas}")
+    low = 1 if args.min_replicas is None else args.min_replicas
+    high = max(low, 1) if args.max_replicas is None else args.max_replicas
+    if autoscale and (low < 0 or high < max(low, 1)):
+        raise RayDeployError(
+            f"need 0 <= --min-replicas <= --max-replicas (>= 1), got {low}, {high}"
+        )
+
+
+def _health(host: str, port: int):
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{host}:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _wait_ready(args) -> dict:
+    """``/health`` through Ray's proxy; the error of a deployment where no replica has a model."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        try:
+            status, body = _health(args.host, args.port)
+        except (OSError, ValueError) as e:
+            if time.monotonic() > deadline:
+                raise RayDeployError(
+                    f"nothing answers at {args.host}:{args.port} ({e}); where Serve already ran "
+                    "on this cluster, its proxies keep their own host and port"
+                ) from None
+            time.sleep(0.5)
+            continue
+        if status == 503 and body.get("error"):
+            raise RayDeployError(f"no replica is ready: {body['error']}")
+        if status == 200:
+            return body
+        if time.monotonic() > deadline:
+            raise RayDeployError(f"/health answers {status}: {body}")
+        time.sleep(0.5)
+
+
+def say(text: str) -> None:
+    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
+
+
+def run(args, key, model_id: str) -> int:
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        raise RayDeployError(f"--ray needs Ray Serve ({e.name} is missing): {RAY_EXTRA}") from None
+    from ..serve.ray_app import APP_NAME, realtime_app, start_serve
+
+    local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
+    started_serve = False
+    deployed = False
+    try:
+        try:
+            ray.init(address=args.ray_address, logging_level=SERVE_LOG_LEVELS[args.log_level])
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            where = f"at {args.ray_address}" if args.ray_address else "here"
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "InvalidAuthToken" in str(e):
+                why = (
+                    "the cluster asks for its token (Ray's token authentication): set "
+                    "RAY_AUTH_MODE=token, and the cluster's token in ~/.ray/auth_token or "
+                    "RAY_AUTH_TOKEN"
+                )
+            raise RayDeployError(f"cannot start or join a Ray cluster {where}: {why}") from None
+        _take_back_signals()
+        if local:
+            address = ray.get_runtime_context().gcs_address
+            say(f"started a local Ray cluster at {address} (it stops with this command)")
+        need = args.replicas or args.min_replicas or 1
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if need > cpus:
+            message = f"{need} replica(s) need {need} CPU(s); the Ray cluster has {cpus:g}"
+            if local:
+                raise RayDeployError(message + " (join a larger one with --ray-address)")
+            say(f"warning: {message}: the rest wait for the cluster to grow")
+        started_serve = start_serve(args.host, args.port, SERVE_LOG_LEVELS[args.log_level])
+        if APP_NAME in serve.status().applications:
+            raise RayDeployError(f"an application named {APP_NAME!r} already runs on this cluster")
+        app = realtime_app(
+            args.model,
+            max_sessions=args.max_sessions,
+            replicas=args.replicas,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            tokenizer=args.tokenizer,
+            model_id=model_id,
+            api_key=key,
+            allow_origins=args.allow_origin,
+            silence_feed=not args.no_silence_feed,
+            max_lag_seconds=args.max_lag_seconds,
+            seed=args.seed,
+        )
+        deployed = True
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        deployment = _wait_ready(args).get("deployment", {})
+        for row in deployment.get("replicas", []):
+            if row.get("error"):
+                say(f"warning: replica {row['replica']} on {row['node']}: {row['error']}")
+        say(
+            f"ws://{args.host}:{args.port}/v1/realtime (web page http://{args.host}:{args.port}/), "
+            f"{deployment.get('replicas_ready', '?')} replica(s) x {args.max_sessions} "
+            "session(s) on Ray; Ctrl-C stops"
+        )
+        while True:
+            time.sleep(3600)
+    finally:
+        if ray.is_initialized():
+            _stop(serve, ray, local=local, started_serve=started_serve, deployed=deployed)
+
+
+def _take_back_signals() -> None:
+    """Ray's core installs its own SIGTERM handler in a driver (a stack dump, then death):
+    put back the one that unwinds like Ctrl-C, so SIGTERM deletes the deployment too."""
+    import signal
+    import threading
+
+    from . import _raise_terminated
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> None:
+    """Delete this deployment; stop Serve if this started it and nothing else runs on it, and
+    the cluster if this started it."""
+    from ..serve.ray_app import APP_NAME
+
+    try:
+        if deployed:
+            say("stopping: deleting the deployment (open sessions get a few seconds)")
+            serve.delete(APP_NAME)
+        if local or (started_serve and not serve.status().applications):
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+        say("stopped")

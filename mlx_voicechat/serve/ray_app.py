@@ -1,0 +1,363 @@
+"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs.
+
+Each replica loads one model and serves :func:`.app.create_app` around it (the same routes,
+protocol, auth and Origin rules). Ray routes each connection to one replica for its life,
+restarts replicas that die and, with ``min_replicas`` / ``max_replicas``, autoscales.
+
+- **Full means busy.** A replica takes ``max_sessions`` sessions; Ray's
+  ``max_ongoing_requests`` is that plus :data:`CONTROL_SLOTS`, so a connection to a full
+  replica still reaches the app and hears ``server_busy`` (close 1013) at once instead of
+  waiting in Ray's queue, and ``/health`` is answered while every session is in use.
+  :class:`~.ray_proxy.SessionRouter` sends a connection to a full replica only when every
+  replica is full.
+- **Failure.** A replica that dies takes only its own sessions: Ray's proxy closes them with an
+  ``error`` event ``replica_lost`` and close 1012 (:class:`~.ray_proxy.ReplicaLossMiddleware`,
+  installed by :func:`start_serve`). A replica whose model fails to load stays up, says so in
+  ``/health`` (503) and takes no sessions (the router ranks it last; a connection that reaches
+  it anyway gets ``model_unavailable`` and close 1011).
+- **Health.** ``/health`` through Ray adds ``replica`` (the one answering) and ``deployment``:
+  replicas live, sessions in use and capacity, from the reports every replica sends to a
+  deployment-scoped actor (:class:`SessionBoard`) whenever their sessions change.
+- ``session.created`` names its replica in the vendor field ``x-voicechat``.
+
+Config files (``serve run`` / ``serve deploy``) use the import path
+``mlx_voicechat.serve.ray_app:app_builder`` with the arguments of :func:`app_builder`.
+"""
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Iterable, Optional
+
+import ray
+from ray import serve
+from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
+
+from .ray_proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
+APP_NAME = "mlx-voicechat"
+BOARD = "sessions"
+CONTROL_SLOTS = 4  # requests a replica takes beside its sessions: /health, the page, busy answers
+REPORT_SECONDS = 1.0  # a replica reports to the board at least this often (and Ray's routers
+#   get its routing stats this often)
+CHANGE_SECONDS = 0.1  # and within this long of a change in its sessions
+STALE_SECONDS = 3.0  # a replica not heard from for this long is not counted live
+HEALTH_CHECK_SECONDS = 2.0  # how soon Ray's controller sees a dead replica and starts another
+DRAIN_SECONDS = 10.0  # a replica Ray stops gives its open sessions this long before closing
+AUTOSCALE_HEADROOM = 0.8  # autoscaling keeps the replicas' sessions at this share of capacity
+API_KEY_ENV = "MLX_VOICECHAT_API_KEY"  # as `serve`: the key when none is given
+CLOSE_NO_MODEL = 1011  # "internal error": this replica cannot serve at all
+
+
+@ray.remote(num_cpus=0)
+class SessionBoard:
+    """The replicas' latest reports, for ``/health``; one per deployment (Ray keeps it)."""
+
+    def __init__(self):
+        self._rows = {}
+
+    def report(self, replica: str, row: dict) -> None:
+        self._rows[replica] = (time.monotonic(), row)
+
+    def forget(self, replica: str) -> None:
+        self._rows.pop(replica, None)
+
+    def rows(self, max_age: float) -> list:
+        now = time.monotonic()
+        self._rows = {k: v for k, v in self._rows.items() if now - v[0] <= 10 * max_age}
+        return [row for t, row in self._rows.values() if now - t <= max_age]
+
+
+def _one_line(e: BaseException) -> str:
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+
+
+def _load(model: str, tokenizer: Optional[str]):
+    from .. import load
+
+    return load(model, tokenizer=tokenizer)
+
+
+@serve.deployment(name="VoiceChatReplica")
+@serve.ingress()
+class VoiceChatReplica:
+    """One replica: one model and the Realtime app of ``serve`` around it."""
+
+    async def __init__(
+        self,
+        model: str,
+        *,
+        max_sessions: int = 1,
+        tokenizer: Optional[str] = None,
+        model_id: Optional[str] = None,
+        app_options: Optional[dict] = None,
+    ):
+        from .worker import Worker
+
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.util.get_node_ip_address()
+        self.max_sessions = int(max_sessions)
+        self.model_id = model_id or default_model_id(model)
+        self.app_options = dict(app_options or {})
+        self.server = None
+        self.error: Optional[str] = None
+        try:
+            self.model = await Worker.shared().run(_load, model, tokenizer)  # MLX on its thread
+        except Exception as e:  # reported in /health; the replica takes no sessions
+            self.model, self.error = None, f"the model failed to load: {_one_line(e)}"
+        self._board = None  # the SessionBoard, found by _report_forever
+        self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+
+    def __serve_build_asgi_app__(self):
+        if self.model is None:
+            return self._unavailable_app()
+        from .app import create_app
+
+        app = create_app(
+            self.model,
+            max_sessions=self.max_sessions,
+            model_id=self.model_id,
+            vendor={"replica": self.name, "node": self.node},
+            health_extra=self.deployment_health,
+            **self.app_options,
+        )
+        self.server = app.state.server
+        return app
+
+    # -- what the replica tells Ray and the board --
+
+    def row(self) -> dict:
+        server = self.server
+        ready = server is not None and server.ready
+        status = "error" if self.error else "ok" if ready else "starting"
+        row = {
+            "replica": self.name,
+            "node": self.node,
+            "pid": os.getpid(),
+            "status": status,
+            "sessions": server.active if server is not None else 0,
+            "max_sessions": self.max_sessions,
+            "sessions_served": server.sessions_served if server is not None else 0,
+        }
+        if self.error:
+            row["error"] = self.error
+        return row
+
+    def record_routing_stats(self) -> dict:
+        """Polled by Ray; :class:`~.ray_proxy.SessionRouter` ranks replicas by it."""
+        return {"ready": self.row()["status"] == "ok"}
+
+    async def _report_forever(self) -> None:
+        """A report when the row changes (looked at every :data:`CHANGE_SECONDS`), and at
+        least every :data:`REPORT_SECONDS` (the board's sign of life)."""
+        last, sent = None, 0.0
+        while True:
+            row = self.row()
+            if row != last or time.monotonic() - sent >= REPORT_SECONDS:
+                try:
+                    if self._board is None:
+                        self._board = serve.get_deployment_actor(BOARD)
+                    await self._board.report.remote(self.name, row)
+                    last, sent = row, time.monotonic()
+                except Exception:  # not up yet, or being recreated: look it up again
+                    self._board = None
+            await asyncio.sleep(CHANGE_SECONDS)
+
+    async def deployment_health(self) -> dict:
+        """The ``/health`` fields beside the single server's: this replica and the deployment."""
+        try:
+            rows = await self._board.rows.remote(STALE_SECONDS)
+        except Exception:  # (no board yet: this replica alone)
+            rows = []
+        rows = sorted(
+            [r for r in rows if r["replica"] != self.name] + [self.row()],
+            key=lambda r: r["replica"],
+        )
+        ready = [r for r in rows if r["status"] == "ok"]
+        return {
+            "replica": self.name,
+            "deployment": {
+                "replicas_live": len(rows),
+                "replicas_ready": len(ready),
+                "sessions": sum(r["sessions"] for r in rows),
+                "capacity": sum(r["max_sessions"] for r in ready),
+                "replicas": rows,
+            },
+        }
+
+    async def __del__(self):
+        if hasattr(self, "_reporter"):  # (not where __init__ failed)
+            self._reporter.cancel()
+        with contextlib.suppress(Exception):
+            await self._board.forget.remote(self.name)
+
+    # -- a replica without a model --
+
+    def _unavailable_app(self):
+        from fastapi import FastAPI, WebSocket
+        from fastapi.responses import JSONResponse, PlainTextResponse
+
+        from .protocol import Realtime
+
+        app = FastAPI(title="mlx-voicechat (no model)", docs_url=None, redoc_url=None)
+
+        @app.get("/health")
+        async def health():
+            body = {"status": "error", "model": self.model_id, "error": self.error}
+            body.update(await self.deployment_health())
+            return JSONResponse(body, status_code=503)
+
+        @app.websocket("/v1/realtime")
+        async def realtime(websocket: WebSocket):
+            await websocket.accept()
+            event = Realtime(self.model_id).error(
+                "model_unavailable",
+                "the model failed to load on this replica (see /health); try again later",
+                type_="server_error",
+            )
+            with contextlib.suppress(Exception):
+                await websocket.send_json(event)
+                await websocket.close(code=CLOSE_NO_MODEL, reason="model failed to load")
+
+        @app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def anything(path: str):
+            return PlainTextResponse(self.error, status_code=503)
+
+        return app
+
+
+def default_model_id(model: str) -> str:
+    """The id ``serve`` gives a model: its folder's name, or the hub id."""
+    return os.path.basename(os.path.normpath(str(model))) or str(model)
+
+
+def deployment_options(
+    *,
+    max_sessions: int = 1,
+    replicas: Optional[int] = None,
+    min_replicas: Optional[int] = None,
+    max_replicas: Optional[int] = None,
+    ray_actor_options: Optional[dict] = None,
+) -> dict:
+    """Ray Serve options of the deployment: ``replicas`` fixed, or autoscaling between
+    ``min_replicas`` and ``max_replicas`` (on sessions in use, keeping
+    :data:`AUTOSCALE_HEADROOM`); ``ray_actor_options`` per replica (default one CPU)."""
+    if max_sessions < 1:
+        raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+    autoscale = min_replicas is not None or max_replicas is not None
+    if autoscale and replicas is not None:
+        raise ValueError("give replicas, or min_replicas / max_replicas, not both")
+    options = {
+        "max_ongoing_requests": max_sessions + CONTROL_SLOTS,
+        "ray_actor_options": {"num_cpus": 1, **(ray_actor_options or {})},
+        "graceful_shutdown_timeout_s": DRAIN_SECONDS,
+        "health_check_period_s": HEALTH_CHECK_SECONDS,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="mlx_voicechat.serve.ray_proxy.SessionRouter",
+            request_routing_stats_period_s=REPORT_SECONDS,
+        ),
+        "deployment_actors": [
+            DeploymentActorConfig(
+                name=BOARD, actor_class=SessionBoard, actor_options={"num_cpus": 0}
+            )
+        ],
+    }
+    if not autoscale:
+        replicas = 1 if replicas is None else int(replicas)
+        if replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {replicas}")
+        options["num_replicas"] = replicas
+        return options
+    low = 1 if min_replicas is None else int(min_replicas)
+    high = max(low, 1) if max_replicas is None else int(max_replicas)
+    if low < 0 or high < max(low, 1):
+        raise ValueError(f"need 0 <= min_replicas <= max_replicas, >= 1; got {low}, {high}")
+    options["autoscaling_config"] = {
+        "min_replicas": low,
+        "max_replicas": high,
+        "target_ongoing_requests": max_sessions * AUTOSCALE_HEADROOM,
+        "metrics_interval_s": 2.0,
+        "look_back_period_s": 10.0,
+        "upscale_delay_s": 5.0,
+        "downscale_delay_s": 300.0,
+    }
+    return options
+
+
+def realtime_app(
+    model: str,
+    *,
+    max_sessions: int = 1,
+    replicas: Optional[int] = None,
+    min_replicas: Optional[int] = None,
+    max_replicas: Optional[int] = None,
+    ray_actor_options: Optional[dict] = None,
+    tokenizer: Optional[str] = None,
+    model_id: Optional[str] = None,
+    api_key: Optional[str] = None,
+    allow_origins: Iterable[str] = (),
+    **app_options,
+):
+    """The Ray Serve application (``serve.run(realtime_app(...))``): replicas of the app
+    ``serve`` runs around ``model``; ``app_options`` are more keyword arguments of
+    :func:`.app.create_app` (``silence_feed``, ``max_lag_seconds``, ``seed``, ...)."""
+    options = deployment_options(
+        max_sessions=max_sessions,
+        replicas=replicas,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        ray_actor_options=ray_actor_options,
+    )
+    app_options.update(api_key=api_key or None, allow_origins=list(allow_origins))
+    return VoiceChatReplica.options(**options).bind(
+        str(model),
+        max_sessions=max_sessions,
+        tokenizer=tokenizer,
+        model_id=model_id,
+        app_options=app_options,
+    )
+
+
+_BUILDER_ARGS = {
+    "model", "tokenizer", "model_id", "max_sessions", "replicas", "min_replicas", "max_replicas",
+    "api_key", "allow_origins", "silence_feed", "max_lag_seconds", "seed", "ray_actor_options",
+}  # fmt: skip
+
+
+def app_builder(args: dict):
+    """``serve run`` / ``serve deploy`` entry point (``import_path:
+    mlx_voicechat.serve.ray_app:app_builder``). ``args``: ``model`` (required), ``tokenizer``,
+    ``model_id``, ``max_sessions``, ``replicas`` or ``min_replicas`` / ``max_replicas``,
+    ``api_key`` (default: ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g.
+    from its ``runtime_env.env_vars``), ``allow_origins``, ``silence_feed``,
+    ``max_lag_seconds``, ``seed``, ``ray_actor_options``."""
+    args = dict(args or {})
+    unknown = sorted(set(args) - _BUILDER_ARGS)
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown}; known: {sorted(_BUILDER_ARGS)}")
+    if not args.get("model"):
+        raise ValueError("the argument 'model' (a checkpoint folder or hub id) is required")
+    if args.get("api_key") is None and os.environ.get(API_KEY_ENV):
+        args["api_key"] = os.environ[API_KEY_ENV]
+    if isinstance(args.get("allow_origins"), str):
+        args["allow_origins"] = [args["allow_origins"]]
+    return realtime_app(args.pop("model"), **args)
+
+
+def start_serve(host: str = "127.0.0.1", port: int = 8000, log_level: str = "INFO"):
+    """Start Ray Serve on the connected cluster with its HTTP proxies on ``host:port`` and
+    :class:`~.ray_proxy.ReplicaLossMiddleware` in them; ``log_level`` of Serve's own logs (its
+    access log only at DEBUG). Returns False where Serve was already running (its proxies keep
+    their own options and hooks)."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    with contextlib.suppress(ValueError):  # (serve.status() would start Serve on port 8000)
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return False
+    serve.start(
+        http_options={"host": host, "port": int(port)},
+        logging_config={"log_level": log_level, "enable_access_log": log_level == "DEBUG"},
+        controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}},
+    )
+    return True

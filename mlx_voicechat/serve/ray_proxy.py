@@ -1,0 +1,126 @@
+"""What the Ray Serve deployment (:mod:`.ray_app`) plugs into Ray's own proxy and routers.
+
+:class:`SessionRouter` is the request router of the deployment: a new connection goes to the
+replica with the fewest ongoing requests among all those whose model is ready (not two drawn
+at random, as Ray's default router does), so a full replica is chosen only when every replica
+is full, and it then answers ``server_busy`` itself.
+
+:class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection whose
+replica went away (its process died or was stopped) gets an ``error`` event with code
+``replica_lost`` and the close code :data:`CLOSE_REPLICA_LOST` instead of a dropped socket.
+
+Neither imports MLX: both run in Ray's proxy processes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import List
+
+from ray.serve.request_router import FIFOMixin, RequestRouter
+
+CLOSE_REPLICA_LOST = 1012  # "service restart": reconnect, a live replica takes the session
+CLOSE_UNAVAILABLE = 1013  # "try again later": no replica could take the connection
+REALTIME_PATH = "/v1/realtime"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "mlx_voicechat.serve.ray_proxy.proxy_middlewares"
+
+
+def replica_rank(stats: dict) -> int:
+    """0: the model is ready, or the replica has not reported yet (it just started); 1: the
+    replica has no model (it failed to load)."""
+    return 1 if stats and not stats.get("ready") else 0
+
+
+class SessionRouter(FIFOMixin, RequestRouter):
+    """Ranks every replica by :func:`replica_rank` (from the stats each replica's
+    ``record_routing_stats`` reports); within a rank Ray picks the replica with the fewest
+    ongoing requests, which are its sessions but for a moment's HTTP request."""
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        ranks: List[list] = [[], []]
+        for replica in candidate_replicas:
+            ranks[replica_rank(replica.routing_stats or {})].append(replica)
+        return [rank for rank in ranks if rank]
+
+
+def _error_event(code: str, message: str) -> str:
+    """A Realtime ``error`` server event (the shape of :meth:`.protocol.Realtime.error`)."""
+    return json.dumps(
+        {
+            "type": "error",
+            "event_id": f"event_{secrets.token_hex(6)}_proxy",
+            "error": {
+                "type": "server_error",
+                "code": code,
+                "message": message,
+                "param": None,
+                "event_id": None,
+            },
+        }
+    )
+
+
+class ReplicaLossMiddleware:
+    """ASGI middleware for Ray's proxy: ends a ``/v1/realtime`` connection that its replica
+    left without a close (the replica died or was stopped, or no replica could take it) with
+    an ``error`` event and a close code the client can act on."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "websocket" or not scope.get("path", "").endswith(REALTIME_PATH):
+            await self.app(scope, receive, send)
+            return
+        state = {"accepted": False, "ended": False, "client_gone": False}
+
+        async def receive_tracked():
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                state["client_gone"] = True
+            return message
+
+        async def send_tracked(message):
+            kind = message["type"]
+            if kind in ("http.response.start", "http.response.body"):
+                return  # the proxy's HTTP error for a WebSocket: answered below instead
+            if kind == "websocket.accept":
+                state["accepted"] = True
+            elif kind in ("websocket.close", "websocket.http.response.start"):
+                state["ended"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive_tracked, send_tracked)
+        finally:
+            if not state["ended"] and not state["client_gone"]:
+                await self._close(send, state["accepted"])
+
+    @staticmethod
+    async def _close(send, accepted: bool) -> None:
+        if accepted:
+            code, reason = CLOSE_REPLICA_LOST, "replica lost"
+            event = _error_event(
+                "replica_lost",
+                "the replica serving this session stopped; reconnect for a new session",
+            )
+        else:
+            await send({"type": "websocket.accept"})
+            code, reason = CLOSE_UNAVAILABLE, "no replica available"
+            event = _error_event(
+                "server_unavailable", "no replica could take this connection; try again later"
+            )
+        try:
+            await send({"type": "websocket.send", "text": event})
+            await send({"type": "websocket.close", "code": code, "reason": reason})
+        except Exception:  # the client went away meanwhile: nothing left to tell it
+            pass
+
+
+def proxy_middlewares():
+    """The callback Ray's proxy calls at start when :data:`PROXY_CALLBACK_ENV` names it."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ReplicaLossMiddleware)]

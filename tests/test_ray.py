@@ -1,0 +1,625 @@
+"""The Realtime server on Ray Serve, with the tiny random-weight checkpoint and stock ``openai``
+clients, on one local Ray cluster that the module starts the way a user does:
+``mlx-voicechat serve --ray --replicas 2 --max-sessions 2`` (its HTTP proxy on 127.0.0.1).
+This process joins that cluster as a second driver for what the CLI does not deploy: a
+replica without a model at ``/broken`` and ``serve run`` of ``examples/ray-serve.yaml`` at
+``/yaml``. The last test stops the CLI with SIGTERM and checks that nothing of the cluster is
+left; the fixtures stop it too where a test failed. Starting the cluster and its replicas
+takes most of the module's time, so every test shares them.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Ray turns token authentication on for a new local cluster (the CLI's); a driver that joins
+# one by its address has to ask for it before Ray reads its configuration.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+pytest.importorskip("fastapi")
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install '.[ray]'")
+openai = pytest.importorskip("openai")
+
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from test_server import Client, pcm  # noqa: E402  (this folder's: until(), the PCM encoding)
+
+from mlx_voicechat.serve.ray_app import start_serve  # noqa: E402
+from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 30.0  # seconds, any single wait on a server
+STARTUP = 120.0  # seconds for a cluster or a replica to start (model load and warm-up)
+AUDIO = 0.6  # seconds of client audio per session
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from mlx_voicechat.factory import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("ray") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def cli(checkpoint):
+    """``serve --ray``: a local cluster, Serve, two replicas of two sessions each; no silence
+    feed, so a session's events depend on its client's audio only. Stopped by the last test
+    (or here)."""
+    started = time.monotonic()
+    port = _free_port()
+    proc, out = _start_cli(
+        *("--model", str(checkpoint), "--ray", "--replicas", "2", "--max-sessions", "2"),
+        *("--no-silence-feed", "--port", str(port)),
+    )
+    info = {"proc": proc, "out": out, "url": f"http://127.0.0.1:{port}", "ours": set()}
+    try:
+        info["address"] = next(m.group(1) for m in map(_ADDRESS.search, out) if m)
+        yield info
+    finally:
+        try:
+            if proc.poll() is None:
+                info["ours"] |= _cluster_processes(proc.pid)
+                _stop_cli(proc, out, signal.SIGTERM)
+        finally:
+            for pid in info["ours"] & set(_processes()):  # what a failed stop left behind
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            print(f"\nthe Ray module took {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+
+_ADDRESS = re.compile(r"started a local Ray cluster at (\S+)")
+
+
+@pytest.fixture(scope="module")
+def cluster(cli):
+    """This process as a second driver of the CLI's cluster."""
+    try:
+        ray.init(address=cli["address"], logging_level="warning")
+        yield cli
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployment(cli):
+    wait_health(cli["url"], lambda h: h["deployment"]["replicas_ready"] == 2)
+    return cli["url"]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """The single-process server on the same checkpoint and settings, and its events for
+    :data:`AUDIO` seconds of noise (a stats event after each worker job tells when the last
+    frame has been answered)."""
+    from mlx_voicechat import load
+    from mlx_voicechat.serve.app import ServerThread, create_app
+    from mlx_voicechat.serve.protocol import Resampler
+    from mlx_voicechat.serve.worker import Worker
+
+    worker = Worker.shared()
+    model = worker.submit(load, checkpoint).result()
+    x = noise(AUDIO)
+
+    def frames():
+        s = model.session()
+        n = len(s.feed(Resampler(24000, 16000)(x.astype(np.float32) / 32768.0)))
+        s.close()
+        return n
+
+    n = worker.submit(frames).result()
+    app = create_app(model, model_id="tiny", silence_feed=False, stats_every_frames=1)
+    with ServerThread(app) as server:
+
+        async def main():
+            async with Session(server.url) as s:
+                await s.send_audio(x)
+                await s.until(lambda e: e["type"] == "x-voicechat.stats" and e["frames"] >= n)
+                return s
+
+        single = run(main())
+    assert single.replica is None  # a single server names no replica
+    events = normalized(single.events)
+    assert any(e["type"] == "response.output_audio.delta" for e in events)
+    return x, events
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def run(coro, timeout=STARTUP):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def health(url):
+    status, body = get(url + "/health")
+    return status, json.loads(body)
+
+
+def wait_health(url, pred, timeout=STARTUP):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, h = health(url)
+            if status == 200 and pred(h):
+                return h
+        except (OSError, ValueError):
+            h = None
+        assert time.monotonic() < deadline, f"/health did not get there in {timeout} s: {h}"
+        time.sleep(0.25)
+
+
+def noise(seconds, rate=24000, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(int(seconds * rate)) * 3000).astype("<i2")
+
+
+_ID = re.compile(r"^(resp|item|sess|conv)_[0-9a-f]+$")
+
+
+def normalized(events):
+    """Events without what differs between two runs of the same audio: event ids, random
+    item / response ids (numbered in order of appearance), the transport's stats events and
+    the vendor field naming the replica."""
+    names = {}
+
+    def walk(x):
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items() if k not in ("event_id", "x-voicechat")}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str) and _ID.match(x):
+            return names.setdefault(x, f"{x.split('_')[0]}_{len(names)}")
+        return x
+
+    return [walk(e) for e in events if e["type"] != "x-voicechat.stats"]
+
+
+class Session(Client):
+    """A stock ``openai`` realtime connection, its events read as raw JSON."""
+
+    def __init__(self, base_url):
+        self.client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
+        self.events = []
+        self.closed = None  # (code, reason) once the server closed the connection
+
+    async def __aenter__(self):
+        self._cm = self.client.realtime.connect(model="tiny")
+        self.conn = await asyncio.wait_for(self._cm.__aenter__(), TIMEOUT)
+        self.created = await self.recv()
+        return self
+
+    async def __aexit__(self, *exc):
+        with contextlib.suppress(Exception):  # (a connection the server closed already)
+            await self._cm.__aexit__(*exc)
+
+    async def recv(self, timeout=TIMEOUT):
+        import websockets
+
+        try:
+            e = json.loads(await asyncio.wait_for(self.conn.recv_bytes(), timeout))
+        except websockets.ConnectionClosed as c:
+            self.closed = (c.rcvd.code, c.rcvd.reason) if c.rcvd else (1006, "")
+            raise
+        self.events.append(e)
+        return e
+
+    @property
+    def replica(self):
+        return self.created.get("x-voicechat", {}).get("replica")
+
+    async def send_audio(self, samples, chunk=4800):
+        for i in range(0, len(samples), chunk):
+            await self.conn.input_audio_buffer.append(audio=pcm(samples[i : i + chunk]))
+
+    async def until_events(self, n, timeout=TIMEOUT):
+        """Until ``n`` events besides the stats events have come."""
+        deadline = time.monotonic() + timeout
+        while len(normalized(self.events)) < n:
+            await self.recv(max(deadline - time.monotonic(), 0.01))
+
+    async def until_closed(self, timeout=TIMEOUT):
+        import websockets
+
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await self.recv(timeout)
+        return self.closed
+
+
+def _start_cli(*argv):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_voicechat", "serve", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    out = []
+
+    def read():
+        for line in proc.stderr:
+            out.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + STARTUP
+    while not any("Ctrl-C stops" in line for line in out):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("serve --ray did not start:\n" + "".join(out[-30:]))
+        time.sleep(0.2)
+    return proc, out
+
+
+def _stop_cli(proc, out, signum):
+    proc.send_signal(signum)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("serve --ray did not stop:\n" + "".join(out[-30:]))
+
+
+def _processes():
+    """pid -> (parent pid, command line) of every process."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(pid)] = (ppid, cmd)
+    return out
+
+
+def _cluster_processes(driver_pid):
+    """The processes of the Ray cluster a driver started: its daemons (their command lines name
+    the session folder, whose name ends in the driver's pid) and what they started."""
+    procs = _processes()
+    ours = {p for p, (_, cmd) in procs.items() if f"_{driver_pid}/" in cmd}
+    while True:
+        more = {p for p, (ppid, _) in procs.items() if ppid in ours} - ours
+        if not more:
+            return ours
+        ours |= more
+
+
+# --- without a cluster -------------------------------------------------------------------
+
+
+def test_router_ranks_replicas_without_a_model_last():
+    from types import SimpleNamespace
+
+    from mlx_voicechat.serve.ray_proxy import SessionRouter, replica_rank
+
+    assert replica_rank({}) == 0 and replica_rank({"ready": True}) == 0
+    assert replica_rank({"ready": False}) == 1
+    failed, fresh, ready = (SimpleNamespace(routing_stats=r) for r in ({"ready": False}, {}, None))
+    ready.routing_stats = {"ready": True}
+    ranks = asyncio.run(SessionRouter.choose_replicas(None, [failed, fresh, ready]))
+    assert ranks == [[fresh, ready], [failed]]  # one rank of all live replicas: no random pair
+    assert asyncio.run(SessionRouter.choose_replicas(None, [ready])) == [[ready]]
+
+
+def test_deployment_options():
+    from mlx_voicechat.serve.ray_app import CONTROL_SLOTS, app_builder, deployment_options
+
+    fixed = deployment_options(max_sessions=3, replicas=2)
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    # a full replica still takes the connection, to answer server_busy, and /health
+    assert fixed["max_ongoing_requests"] == 3 + CONTROL_SLOTS
+    router = fixed["request_router_config"].request_router_class
+    assert router == "mlx_voicechat.serve.ray_proxy.SessionRouter"
+    assert fixed["ray_actor_options"] == {"num_cpus": 1}
+    auto = deployment_options(max_sessions=2, min_replicas=1, max_replicas=4)["autoscaling_config"]
+    assert (auto["min_replicas"], auto["max_replicas"]) == (1, 4)
+    assert 0 < auto["target_ongoing_requests"] < 2  # scale up before the replicas are full
+    for bad in ({"replicas": 2, "max_replicas": 3}, {"max_sessions": 0}, {"replicas": 0}):
+        with pytest.raises(ValueError):
+            deployment_options(**bad)
+    with pytest.raises(ValueError, match="unknown argument"):
+        app_builder({"model": "m", "max_session": 2})
+    with pytest.raises(ValueError, match="'model'"):
+        app_builder({"replicas": 2})
+
+
+def test_cli_ray_flags_are_checked_before_anything_starts(capsys):
+    from mlx_voicechat.cli import main
+
+    assert main(["serve", "--model", "m", "--replicas", "2"]) == 2
+    assert "--replicas needs --ray" in capsys.readouterr().err
+    assert main(["serve", "--model", "m", "--ray", "--replicas", "2", "--max-replicas", "3"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["serve", "--model", "m", "--ray", "--min-replicas", "3", "--max-replicas", "2"])
+    assert "--min-replicas <= --max-replicas" in capsys.readouterr().err
+
+
+def test_session_created_names_the_replica_and_health_takes_extra_fields():
+    from mlx_voicechat.serve.app import ServerThread, create_app
+    from mlx_voicechat.serve.protocol import Realtime
+
+    created = Realtime("m").open({"replica": "r1"})[0]
+    assert created["type"] == "session.created" and created["x-voicechat"] == {"replica": "r1"}
+    assert "x-voicechat" not in Realtime("m").open()[0]
+
+    async def extra():
+        return {"replica": "r1", "deployment": {"capacity": 4}}
+
+    app = create_app(None, warmup=False, health_extra=extra, vendor={"replica": "r1"})
+    assert app.state.server.vendor == {"replica": "r1"}
+    with ServerThread(app) as s:
+        _, h = health(s.url)
+    assert h["status"] == "ok" and h["replica"] == "r1" and h["deployment"] == {"capacity": 4}
+
+
+def _through_middleware(inner, path="/v1/realtime", client=()):
+    """What :class:`ReplicaLossMiddleware` sends to the client around ``inner``."""
+    from mlx_voicechat.serve.ray_proxy import ReplicaLossMiddleware
+
+    sent, incoming = [], list(client) or [{"type": "websocket.connect"}]
+
+    async def receive():
+        return incoming.pop(0) if incoming else await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "websocket", "path": path}
+    asyncio.run(asyncio.wait_for(ReplicaLossMiddleware(inner)(scope, receive, send), 5))
+    return sent
+
+
+def test_a_session_whose_replica_is_lost_gets_an_error_and_1012():
+    async def dies_after_accept(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": "{}"})
+
+    sent = _through_middleware(dies_after_accept)
+    kinds = ["websocket.accept", "websocket.send", "websocket.send", "websocket.close"]
+    assert [m["type"] for m in sent] == kinds
+    error = json.loads(sent[2]["text"])
+    assert error["type"] == "error" and error["error"]["code"] == "replica_lost"
+    assert (sent[3]["code"], sent[3]["reason"]) == (CLOSE_REPLICA_LOST, "replica lost")
+
+    async def unavailable(scope, receive, send):  # the proxy's HTTP error for a WebSocket
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b"no replicas"})
+
+    sent = _through_middleware(unavailable)
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.close"]
+    assert json.loads(sent[1]["text"])["error"]["code"] == "server_unavailable"
+    assert sent[2]["code"] == 1013
+
+    async def closes(scope, receive, send):
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1013, "reason": "server busy"})
+
+    assert _through_middleware(closes)[-1] == {
+        "type": "websocket.close",
+        "code": 1013,
+        "reason": "server busy",
+    }
+    assert len(_through_middleware(dies_after_accept, path="/other")) == 2  # not ours
+
+    async def client_left(scope, receive, send):
+        await send({"type": "websocket.accept"})
+        assert (await receive())["type"] == "websocket.disconnect"
+
+    gone = [{"type": "websocket.disconnect", "code": 1000}]
+    assert [m["type"] for m in _through_middleware(client_left, client=gone)] == [
+        "websocket.accept"
+    ]
+
+
+# --- the tests ----------------------------------------------------------------------------
+
+
+def test_the_page_and_three_stock_clients_spread_over_both_replicas(deployment, reference):
+    x, want = reference
+    status, page = get(deployment + "/")
+    assert status == 200 and b"<" in page
+
+    async def converse():
+        async with Session(deployment) as s:
+            await s.send_audio(x)
+            await s.until_events(len(want))
+            return s
+
+    async def three():
+        return await asyncio.gather(*(converse() for _ in range(3)))
+
+    sessions = run(three())
+    assert len({s.replica for s in sessions}) == 2 and None not in {s.replica for s in sessions}
+    for s in sessions:
+        assert s.created["session"]["model"] == "tiny"
+        assert normalized(s.events) == want  # the single server's events on the same audio
+
+
+def test_capacity_then_busy_1013_at_once(deployment):
+    async def main():
+        sessions = [await Session(deployment).__aenter__() for _ in range(4)]
+        try:
+            assert all(s.created["type"] == "session.created" for s in sessions)
+            assert len({s.replica for s in sessions}) == 2
+            # the other replica's sessions reach /health within a report (0.1 s)
+            h = wait_health(deployment, lambda h: h["deployment"]["sessions"] == 4, 5.0)
+            assert h["deployment"]["capacity"] == 4 and h["deployment"]["replicas_live"] == 2
+            t = time.monotonic()
+            async with Session(deployment) as fifth:
+                assert fifth.created["type"] == "error"
+                assert fifth.created["error"]["code"] == "server_busy"
+                code, _ = await fifth.until_closed()
+            print(f"busy answer and close after {time.monotonic() - t:.3f} s", file=sys.stderr)
+            assert code == 1013
+        finally:
+            for s in sessions:
+                await s.__aexit__(None, None, None)
+
+    run(main())
+
+
+def test_a_killed_replica_loses_only_its_sessions_and_comes_back(deployment, reference):
+    x, want = reference
+
+    async def main():
+        a = await Session(deployment).__aenter__()
+        b = await Session(deployment).__aenter__()
+        later = []
+        try:
+            assert a.replica != b.replica
+            await a.send_audio(x)
+            await b.send_audio(x[: len(x) // 2])
+            await a.until_events(3)  # mid-session: its first frames answered
+            _, h = health(deployment)
+            pid = {r["replica"]: r["pid"] for r in h["deployment"]["replicas"]}[a.replica]
+            os.kill(pid, signal.SIGKILL)
+            code, reason = await a.until_closed()
+            assert (code, reason) == (CLOSE_REPLICA_LOST, "replica lost")
+            assert a.events[-1]["type"] == "error"
+            assert a.events[-1]["error"]["code"] == "replica_lost"
+
+            c = await Session(deployment).__aenter__()  # at once, on the live replica
+            later.append(c)
+            assert c.created["type"] == "session.created" and c.replica == b.replica
+
+            await b.send_audio(x[len(x) // 2 :])  # b's session goes on untouched
+            await b.until_events(len(want))
+            assert normalized(b.events) == want
+
+            t = time.monotonic()
+            back = await asyncio.to_thread(
+                wait_health,
+                deployment,
+                lambda h: (
+                    h["deployment"]["replicas_ready"] == 2
+                    and a.replica not in {r["replica"] for r in h["deployment"]["replicas"]}
+                ),
+            )
+            print(f"replacement ready after {time.monotonic() - t:.1f} s", file=sys.stderr)
+            new = {r["replica"] for r in back["deployment"]["replicas"]} - {b.replica}
+            d = await Session(deployment).__aenter__()  # b's replica is full (b and c)
+            later.append(d)
+            assert d.created["type"] == "session.created" and {d.replica} == new
+        finally:
+            for s in [a, b, *later]:
+                await s.__aexit__(None, None, None)
+
+    run(main(), timeout=STARTUP + 60)
+
+
+@pytest.fixture(scope="module")
+def from_yaml(cluster, checkpoint, tmp_path_factory):
+    """``serve run --non-blocking`` of examples/ray-serve.yaml on the cluster, its application
+    at /yaml (one replica of the tiny model) and a second one at /broken whose model does not
+    load (both start side by side)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "examples" / "ray-serve.yaml").read_text())
+    app = config["applications"][0]
+    assert app["import_path"] == "mlx_voicechat.serve.ray_app:app_builder"
+    app.update(name="from-yaml", route_prefix="/yaml")
+    app["args"].update(model=str(checkpoint), replicas=1, ray_actor_options={"num_cpus": 0})
+    folder = tmp_path_factory.mktemp("yaml")
+    (folder / "no-checkpoint").mkdir()
+    broken = dict(app, name="broken", route_prefix="/broken")
+    broken["args"] = dict(app["args"], model=str(folder / "no-checkpoint"))
+    config["applications"].append(broken)
+    path = folder / "ray-serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve_cli = Path(sys.executable).with_name("serve")
+    try:
+        subprocess.run(
+            [str(serve_cli), "run", str(path), "--address", cluster["address"], "--non-blocking"],
+            check=True,
+            timeout=STARTUP,
+            capture_output=True,
+        )
+        yield cluster["url"]
+    finally:
+        for name in ("from-yaml", "broken"):
+            if ray.is_initialized():  # (the last test stops the whole cluster)
+                serve.delete(name)
+
+
+def test_serve_run_of_the_example_config(from_yaml):
+    h = wait_health(from_yaml + "/yaml", lambda h: h["status"] == "ok")
+    assert h["model"] == "tiny" and h["deployment"]["capacity"] == 1
+
+
+def test_a_replica_without_a_model_says_so_and_takes_no_sessions(from_yaml):
+    url = from_yaml + "/broken"
+    deadline = time.monotonic() + STARTUP
+    while True:  # until the replica answers (Ray answers 404 itself before)
+        status, body = get(url + "/health")
+        with contextlib.suppress(ValueError):
+            h = json.loads(body)
+            break
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.25)
+    assert status == 503 and h["status"] == "error"
+    assert h["error"].startswith("the model failed to load: ")
+    assert h["deployment"]["replicas_ready"] == 0 and h["deployment"]["capacity"] == 0
+    row = h["deployment"]["replicas"][0]
+    assert row["status"] == "error" and row["error"] == h["error"]
+
+    async def main():
+        async with Session(url) as s:
+            assert s.created["type"] == "error"
+            assert s.created["error"]["code"] == "model_unavailable"
+            return await s.until_closed()
+
+    assert run(main())[0] == 1011
+    assert start_serve("127.0.0.1", 1) is False  # Serve runs: its proxies stay as they are
+
+
+def test_cli_sigterm_stops_everything_it_started(cli, cluster):
+    """The last test: on SIGTERM ``serve --ray`` deletes its deployment, stops Serve and the
+    local cluster it started, and leaves no process of them running."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert any(n.startswith("SERVE_REPLICA::mlx-voicechat#") for n in names), names
+    ours = cli["ours"] = _cluster_processes(cli["proc"].pid)
+    assert len(ours) > 3, "the cluster's daemons, workers and replicas"
+    ray.shutdown()  # this driver first: its cluster goes away
+    rc = _stop_cli(cli["proc"], cli["out"], signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, "".join(cli["out"][-30:])
+    assert any("mlx-voicechat serve: stopped" in line for line in cli["out"])
+    deadline = time.monotonic() + 15
+    while ours & set(_processes()):
+        left = {p: _processes().get(p) for p in ours & set(_processes())}
+        assert time.monotonic() < deadline, f"left running: {left}"
+        time.sleep(0.2)
