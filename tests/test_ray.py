@@ -37,7 +37,7 @@ import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from test_server import Client, pcm  # noqa: E402  (this folder's: until(), the PCM encoding)
 
-from mlx_voicechat.serve.ray_app import start_serve  # noqa: E402
+from mlx_voicechat.serve.ray_app import REPORT_SECONDS, start_serve  # noqa: E402
 from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -531,6 +531,9 @@ def test_a_killed_replica_loses_only_its_sessions_and_comes_back(deployment, ref
                 ),
             )
             print(f"replacement ready after {time.monotonic() - t:.1f} s", file=sys.stderr)
+            # Ray's routers poll each replica's routing stats every REPORT_SECONDS: the
+            # replacement takes connections once they have seen it ready.
+            await asyncio.sleep(2 * REPORT_SECONDS)
             new = {r["replica"] for r in back["deployment"]["replicas"]} - {b.replica}
             d = await Session(deployment).__aenter__()  # b's replica is full (b and c)
             later.append(d)
