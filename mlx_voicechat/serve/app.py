@@ -5,6 +5,7 @@ Sockets live on the asyncio loop, every MLX call on the process's one worker thr
 (:mod:`.worker`); each connection is a :class:`~.connection.Conversation`.
 """
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -20,6 +21,7 @@ from .transcription_connection import serve_connection, warm_up
 from .worker import Worker
 
 STATIC_DIR = Path(__file__).parent / "static"
+ADMISSION_GRACE_SECONDS = 0.25  # how long a connection to a full server waits for a slot
 WS_MAX_SIZE = 4 << 20  # bytes; events over protocol.MAX_EVENT_BYTES get an error, over this a close
 IDLE_TIMEOUT = 180.0  # seconds without client audio before a connection is closed
 # The page loads only its own files and talks only to its own server; nothing may frame it
@@ -193,6 +195,11 @@ def create_app(
             await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
+        # A client's close completes before the server has seen its connection end: one that
+        # reconnects at once waits that long for the slot it just gave up, no longer.
+        deadline = time.monotonic() + ADMISSION_GRACE_SECONDS
+        while server.active >= server.max_sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         if server.active >= server.max_sessions:
             conversation = Realtime(server.model_id)
             busy = conversation.error(
