@@ -34,22 +34,28 @@ def as_samples(samples, sample_rate, rate: int) -> np.ndarray:
     if sample_rate is not None:
         if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
             raise SessionError(f"sample_rate must be a positive integer, got {sample_rate!r}")
+    return mono_float32(samples)
+
+
+def mono_float32(samples, error: type = SessionError) -> np.ndarray:
+    """Mono samples (int PCM scaled to [-1, 1], or float) as a 1-D float32 array; what is
+    wrong with them (not numbers, not mono, not finite) is one ``error``."""
     if isinstance(samples, mx.array):
         samples = np.array(samples)
     x = np.asarray(samples)
     if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
-        raise SessionError(f"audio samples must be numbers, got an array of {x.dtype}")
+        raise error(f"audio samples must be numbers, got an array of {x.dtype}")
     if x.ndim == 2 and 1 in x.shape:
         x = x.reshape(-1)
     if x.ndim != 1:
-        raise SessionError(f"feed takes mono samples as a 1-D array, got shape {tuple(x.shape)}")
+        raise error(f"feed takes mono samples as a 1-D array, got shape {tuple(x.shape)}")
     if np.issubdtype(x.dtype, np.integer):
         info = np.iinfo(x.dtype)
         x = x.astype(np.float32) / float(max(abs(info.min), info.max))
     else:
         x = x.astype(np.float32)
         if x.size and not np.isfinite(x).all():
-            raise SessionError("audio samples must be finite (got NaN or infinity)")
+            raise error("audio samples must be finite (got NaN or infinity)")
     return x
 
 
