@@ -40,23 +40,31 @@ def worker():
     return Worker.shared()
 
 
+def short_turn_model(path):
+    """On the worker: the checkpoint at ``path`` with its EOS and silence rows scaled up, so
+    that the tiny model takes short turns."""
+    import mlx.core as mx
+
+    import mlx_voicechat
+
+    m = mlx_voicechat.load(path)
+    cfg = m.config
+    w = np.array(m.stt_model.lm_head.weight)
+    w[cfg.eos_token_id] *= 3.0
+    w[cfg.silence_token_id] *= 3.0
+    m.stt_model.lm_head.weight = mx.array(w)
+    mx.eval(m.stt_model.lm_head.weight)
+    return m
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, worker):
     def build():
-        import mlx.core as mx
-
-        import mlx_voicechat
         from mlx_voicechat.factory import make_checkpoint
 
-        path = make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "tiny", seed=0)
-        m = mlx_voicechat.load(path)
-        cfg = m.config
-        w = np.array(m.stt_model.lm_head.weight)
-        w[cfg.eos_token_id] *= 3.0
-        w[cfg.silence_token_id] *= 3.0
-        m.stt_model.lm_head.weight = mx.array(w)
-        mx.eval(m.stt_model.lm_head.weight)
-        return m
+        return short_turn_model(
+            make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "tiny", seed=0)
+        )
 
     return worker.submit(build).result()
 
@@ -172,6 +180,13 @@ class Client:
     async def append(self, samples, chunk=1000):
         for i in range(0, len(samples), chunk):
             await self.send(type="input_audio_buffer.append", audio=pcm(samples[i : i + chunk]))
+
+    async def closed(self, timeout=TIMEOUT):
+        """Read until the server closes; returns the close code."""
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await self.recv(timeout)
+        return self.ws.close_code
 
 
 async def connect(server, **kw):
