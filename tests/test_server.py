@@ -714,16 +714,27 @@ def test_a_session_that_ends_by_itself_says_so_and_closes(short):
     wait_free(short)
 
 
-@pytest.fixture(scope="module")
-def two_slots(model, worker):
-    """`serve --max-sessions 2`: two conversations at a time."""
-    app = create_app(
-        model, silence_feed=False, max_sessions=2, stats_every_frames=1, worker=worker,
-        warmup=False,
-    )
-    s = _start(app)
-    yield s
-    s.__exit__(None, None, None)
+def _slots(name, n, doc):
+    """A module fixture: `serve --max-sessions n` (no silence feed, stats after every job)."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(model, worker):
+        app = create_app(
+            model, silence_feed=False, max_sessions=n, stats_every_frames=1, worker=worker,
+            warmup=False,
+        )
+        s = _start(app)
+        yield s
+        s.__exit__(None, None, None)
+
+    fixture.__doc__ = doc
+    return fixture
+
+
+two_slots = _slots("two_slots", 2, "`serve --max-sessions 2`: two conversations at a time.")
+four_slots = _slots(
+    "four_slots", 4, "`serve --max-sessions 4`: the server steps its conversations in one batch."
+)
 
 
 def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model, worker):
@@ -767,18 +778,6 @@ def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model,
         for (_, audio, text, _), (w_audio, w_text, _) in zip(got, want):
             assert audio == w_audio and text == w_text, k
     wait_free(two_slots)
-
-
-@pytest.fixture(scope="module")
-def four_slots(model, worker):
-    """`serve --max-sessions 4`: the server steps its conversations in one batch."""
-    app = create_app(
-        model, silence_feed=False, max_sessions=4, stats_every_frames=1, worker=worker,
-        warmup=False,
-    )
-    s = _start(app)
-    yield s
-    s.__exit__(None, None, None)
 
 
 async def _sdk_conversation(server, x, start=None):
