@@ -3,20 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from mlx_voicechat import load
-from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
-
-
-@pytest.fixture(scope="module")
-def asr(tmp_path_factory):
-    root = tmp_path_factory.mktemp("asr-batch")
-    return load(make_recognizer_checkpoint(root / "m", "tiny", seed=3))
-
-
-def noise(n, seed=0):
-    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
-
+from test_asr_session import asr, noise  # noqa: F401  (the live tests' recognizer, its noise)
 
 LENGTHS = [8000, 36960, 65600, 27360, 1603]
 

@@ -40,23 +40,31 @@ def worker():
     return Worker.shared()
 
 
+def short_turn_model(path):
+    """On the worker: the checkpoint at ``path`` with its EOS and silence rows scaled up, so
+    that the tiny model takes short turns."""
+    import mlx.core as mx
+
+    import mlx_voicechat
+
+    m = mlx_voicechat.load(path)
+    cfg = m.config
+    w = np.array(m.stt_model.lm_head.weight)
+    w[cfg.eos_token_id] *= 3.0
+    w[cfg.silence_token_id] *= 3.0
+    m.stt_model.lm_head.weight = mx.array(w)
+    mx.eval(m.stt_model.lm_head.weight)
+    return m
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, worker):
     def build():
-        import mlx.core as mx
-
-        import mlx_voicechat
         from mlx_voicechat.factory import make_checkpoint
 
-        path = make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "tiny", seed=0)
-        m = mlx_voicechat.load(path)
-        cfg = m.config
-        w = np.array(m.stt_model.lm_head.weight)
-        w[cfg.eos_token_id] *= 3.0
-        w[cfg.silence_token_id] *= 3.0
-        m.stt_model.lm_head.weight = mx.array(w)
-        mx.eval(m.stt_model.lm_head.weight)
-        return m
+        return short_turn_model(
+            make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "tiny", seed=0)
+        )
 
     return worker.submit(build).result()
 
@@ -183,6 +191,13 @@ class Client:
     async def append(self, samples, chunk=1000):
         for i in range(0, len(samples), chunk):
             await self.send(type="input_audio_buffer.append", audio=pcm(samples[i : i + chunk]))
+
+    async def closed(self, timeout=TIMEOUT):
+        """Read until the server closes; returns the close code."""
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await self.recv(timeout)
+        return self.ws.close_code
 
 
 async def connect(server, **kw):
@@ -710,16 +725,27 @@ def test_a_session_that_ends_by_itself_says_so_and_closes(short):
     wait_free(short)
 
 
-@pytest.fixture(scope="module")
-def two_slots(model, worker):
-    """`serve --max-sessions 2`: two conversations at a time."""
-    app = create_app(
-        model, silence_feed=False, max_sessions=2, stats_every_frames=1, worker=worker,
-        warmup=False,
-    )
-    s = _start(app)
-    yield s
-    s.__exit__(None, None, None)
+def _slots(name, n, doc):
+    """A module fixture: `serve --max-sessions n` (no silence feed, stats after every job)."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(model, worker):
+        app = create_app(
+            model, silence_feed=False, max_sessions=n, stats_every_frames=1, worker=worker,
+            warmup=False,
+        )
+        s = _start(app)
+        yield s
+        s.__exit__(None, None, None)
+
+    fixture.__doc__ = doc
+    return fixture
+
+
+two_slots = _slots("two_slots", 2, "`serve --max-sessions 2`: two conversations at a time.")
+four_slots = _slots(
+    "four_slots", 4, "`serve --max-sessions 4`: the server steps its conversations in one batch."
+)
 
 
 def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model, worker):
@@ -763,18 +789,6 @@ def test_max_sessions_2_serves_two_at_once_and_refuses_a_third(two_slots, model,
         for (_, audio, text, _), (w_audio, w_text, _) in zip(got, want):
             assert audio == w_audio and text == w_text, k
     wait_free(two_slots)
-
-
-@pytest.fixture(scope="module")
-def four_slots(model, worker):
-    """`serve --max-sessions 4`: the server steps its conversations in one batch."""
-    app = create_app(
-        model, silence_feed=False, max_sessions=4, stats_every_frames=1, worker=worker,
-        warmup=False,
-    )
-    s = _start(app)
-    yield s
-    s.__exit__(None, None, None)
 
 
 async def _sdk_conversation(server, x, start=None):

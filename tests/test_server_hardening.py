@@ -7,7 +7,6 @@ module runs on the process's shared worker thread.
 """
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -21,7 +20,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -33,6 +31,14 @@ from mlx_voicechat.serve.connection import Conversation  # noqa: E402
 from mlx_voicechat.serve.limits import Limits, raise_open_file_limit  # noqa: E402
 from mlx_voicechat.serve.protocol import MAX_EVENT_BYTES, encode_pcm16  # noqa: E402
 from mlx_voicechat.serve.worker import Worker  # noqa: E402
+from test_server import (  # noqa: E402  (the server tests' helpers)
+    connect,
+    noise,
+    pcm,
+    run,
+    short_turn_model,
+    ws_url,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 20.0  # seconds, any single wait on the server
@@ -57,22 +63,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(checkpoint, worker):
     """The tiny model with its EOS and silence rows scaled up, so that it takes short turns."""
-
-    def build():
-        import mlx.core as mx
-
-        import mlx_voicechat
-
-        m = mlx_voicechat.load(checkpoint)
-        cfg = m.config
-        w = np.array(m.stt_model.lm_head.weight)
-        w[cfg.eos_token_id] *= 3.0
-        w[cfg.silence_token_id] *= 3.0
-        m.stt_model.lm_head.weight = mx.array(w)
-        mx.eval(m.stt_model.lm_head.weight)
-        return m
-
-    return worker.submit(build).result()
+    return worker.submit(short_turn_model, checkpoint).result()
 
 
 @pytest.fixture
@@ -94,14 +85,6 @@ def serve(model, worker):
         s.__exit__(None, None, None)
 
 
-def run(coro, timeout=60.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def ws_url(server):
-    return f"ws://127.0.0.1:{server.port}/v1/realtime"
-
-
 def http(server, path, headers=None):
     req = urllib.request.Request(server.url + path, headers=headers or {})
     try:
@@ -109,52 +92,6 @@ def http(server, path, headers=None):
             return r.status, r.read(), r.headers
     except urllib.error.HTTPError as e:
         return e.code, e.read(), e.headers
-
-
-def pcm(samples) -> str:
-    return base64.b64encode(np.asarray(samples, "<i2").tobytes()).decode()
-
-
-def noise(seconds, rate, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(int(seconds * rate)) * 3000).astype(np.int16)
-
-
-class Client:
-    def __init__(self, ws):
-        self.ws, self.events = ws, []
-
-    async def send(self, **event):
-        await self.ws.send(json.dumps(event))
-
-    async def recv(self, timeout=TIMEOUT):
-        e = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.events.append(e)
-        return e
-
-    async def until(self, pred, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
-        while True:
-            e = await self.recv(max(deadline - time.monotonic(), 0.01))
-            if pred(e):
-                return e
-
-    async def until_type(self, type_, timeout=TIMEOUT):
-        return await self.until(lambda e: e["type"] == type_, timeout)
-
-    async def closed(self, timeout=TIMEOUT):
-        """Read until the server closes; returns the close code."""
-        with pytest.raises(websockets.ConnectionClosed):
-            while True:
-                await self.recv(timeout)
-        return self.ws.close_code
-
-
-async def connect(server, **kw):
-    kw.setdefault("max_queue", None)
-    c = Client(await websockets.connect(ws_url(server), open_timeout=TIMEOUT, **kw))
-    assert (await c.recv())["type"] == "session.created"
-    return c
 
 
 async def native_rates(c):

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from pathlib import Path
 
+from .headers import parameter_counts, quantized_modules, tensor_headers
+
 # Key prefixes of either layout (mlx-audio's names first, then Transformers').
 NETWORKS = OrderedDict(
     [
@@ -18,44 +20,14 @@ NETWORKS = OrderedDict(
 )
 
 
-def _network(key: str) -> str:
-    for name, prefixes in NETWORKS.items():
-        if key.startswith(prefixes):
-            return name
-    return "other"
-
-
 def recognizer_info(folder: Path, raw: dict) -> dict:
-    from safetensors import safe_open
-
-    from ..errors import CheckpointError
     from ..weights.asr_loading import read_recognizer_config
-    from ..weights.loading import weight_files
 
     config = read_recognizer_config(folder, raw)
-    counts, dtypes, shapes = {}, {}, {}
-    for f in weight_files(folder):
-        try:
-            with safe_open(str(f), framework="numpy") as st:
-                for k in st.keys():
-                    sl = st.get_slice(k)
-                    shapes[k] = (tuple(sl.get_shape()), sl.get_dtype())
-        except Exception as e:
-            raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
-    quantized = {k[: -len(".scales")] for k in shapes if k.endswith(".scales")}
+    shapes = tensor_headers(folder)
+    quantized = quantized_modules(shapes)
     q = config.quantization if isinstance(config.quantization, dict) else {}
-    for k, (shape, dtype) in shapes.items():
-        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] in quantized:
-            continue
-        n = 1
-        for s in shape:
-            n *= s
-        if k.rsplit(".", 1)[0] in quantized and k.endswith(".weight"):
-            bits = q.get("bits", 4)
-            n, dtype = n * 32 // bits, f"{dtype}/{bits}-bit"
-        net = _network(k)
-        counts[net] = counts.get(net, 0) + n
-        dtypes.setdefault(net, set()).add(dtype)
+    counts, dtypes = parameter_counts(shapes, quantized, lambda m: q.get("bits", 4), NETWORKS)
     summary = None
     if quantized:
         summary = {

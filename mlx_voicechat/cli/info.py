@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 
+from .headers import parameter_counts, quantized_modules, tensor_headers
+
 
 def add_parser(subparsers):
     p = subparsers.add_parser("info", help="describe a checkpoint without loading its weights")
@@ -49,13 +51,6 @@ NETWORKS = OrderedDict(
 )
 
 
-def _network(key: str) -> str:
-    for name, prefixes in NETWORKS.items():
-        if key.startswith(prefixes):
-            return name
-    return "other"
-
-
 def _infer_quantization(config, shapes, quantized) -> dict:
     """``{module: (bits, group_size)}`` from the packed shapes and the model's float widths."""
     from mlx.utils import tree_flatten
@@ -79,12 +74,9 @@ def _infer_quantization(config, shapes, quantized) -> dict:
 
 def checkpoint_info(path) -> dict:
     """Layout, dtypes, quantization and parameter counts per network, from file headers only."""
-    from safetensors import safe_open
-
     from ..config import VoiceChatConfig
     from ..config.asr import is_recognizer_config
-    from ..errors import CheckpointError
-    from ..weights.loading import read_config, resolve_path, weight_files
+    from ..weights.loading import read_config, resolve_path
 
     folder = resolve_path(path)
     raw = read_config(folder)
@@ -93,36 +85,16 @@ def checkpoint_info(path) -> dict:
 
         return recognizer_info(folder, raw)
     config = VoiceChatConfig.from_dict(raw)
-    counts = {name: 0 for name in NETWORKS}
-    dtypes = {name: set() for name in NETWORKS}
-    shapes = {}
-    for f in weight_files(folder):
-        try:
-            with safe_open(str(f), framework="numpy") as st:
-                for k in st.keys():
-                    sl = st.get_slice(k)
-                    shapes[k] = (tuple(sl.get_shape()), sl.get_dtype())
-        except Exception as e:
-            raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
-    quantized = {k[: -len(".scales")] for k in shapes if k.endswith(".scales")}
+    shapes = tensor_headers(folder)
+    quantized = quantized_modules(shapes)
     q = config.quantization if isinstance(config.quantization, dict) else {}
     inferred = _infer_quantization(config, shapes, quantized) if quantized and not q else {}
-    for k, (shape, dtype) in shapes.items():
-        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] in quantized:
-            continue
-        n = 1
-        for s in shape:
-            n *= s
-        module = k.rsplit(".", 1)[0]
-        if module in quantized and k.endswith(".weight"):
-            per_module = q.get(module) if isinstance(q.get(module), dict) else {}
-            bits = per_module.get("bits") or q.get("bits") or inferred.get(module, (4, 0))[0]
-            n = n * 32 // bits
-            dtype = f"{dtype}/{bits}-bit"
-        net = _network(k)
-        counts.setdefault(net, 0)
-        counts[net] += n
-        dtypes.setdefault(net, set()).add(dtype)
+
+    def bits_of(module):
+        per_module = q.get(module) if isinstance(q.get(module), dict) else {}
+        return per_module.get("bits") or q.get("bits") or inferred.get(module, (4, 0))[0]
+
+    counts, dtypes = parameter_counts(shapes, quantized, bits_of, NETWORKS)
     summary = None
     if quantized and q:
         summary = {"bits": q.get("bits"), "group_size": q.get("group_size")}

@@ -19,7 +19,7 @@ import numpy as np
 from ..nets.rnnt import LANGUAGE_TAG, decode_pieces
 from .asr_greedy import GreedyDecoder
 from .audio import load_audio
-from .transcribe import TranscriptResult, TranscriptTimings
+from .transcribe import TranscriptResult, TranscriptTimings, _ms
 
 
 @dataclass
@@ -31,19 +31,11 @@ class RecognizerTimings(TranscriptTimings):
     clips: int = 1
 
     def report(self, tokens: Optional[int] = None) -> str:
-        tokens = self.tokens if tokens is None else tokens
+        return super().report(self.tokens if tokens is None else tokens)
+
+    def _counts(self, tokens: int) -> str:
         clips = f"{self.clips} clips, " if self.clips > 1 else ""
-        return "\n".join(
-            [
-                f"audio:    {self.audio_seconds:.2f} s ({clips}{self.encoder_frames} encoder "
-                f"frames, {self.steps} steps, {tokens} tokens)",
-                f"mel:      {self.mel_ms:.1f} ms",
-                f"encoder:  {self.encoder_ms:.1f} ms",
-                f"decode:   {self.decode_ms:.1f} ms",
-                f"total:    {self.total_ms:.1f} ms",
-                f"RTF:      {self.rtf:.4f}",
-            ]
-        )
+        return f"{clips}{self.encoder_frames} encoder frames, {self.steps} steps, {tokens} tokens"
 
 
 @dataclass
@@ -64,10 +56,6 @@ def first_language(tokens: Sequence[int], vocabulary: Sequence[str]) -> Optional
         if 0 <= t < len(vocabulary) and LANGUAGE_TAG.match(vocabulary[t]):
             return vocabulary[t][1:-1]
     return None
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
 
 
 def transcribe(

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import mlx.core as mx
 import numpy as np
 
 from ..errors import VoiceChatError
 from ..nets.rnnt import LANGUAGE_TAG
+from .audioin import mono_float32
 from .textstream import TranscriptStream
 
 
@@ -34,22 +34,7 @@ class TranscriptEvent:
 
 
 def _mono_float32(samples) -> np.ndarray:
-    if isinstance(samples, mx.array):
-        samples = np.array(samples)
-    x = np.asarray(samples)
-    if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
-        raise TranscriptionError(f"audio samples must be numbers, got an array of {x.dtype}")
-    if x.ndim == 2 and 1 in x.shape:
-        x = x.reshape(-1)
-    if x.ndim != 1:
-        raise TranscriptionError(f"feed takes mono samples as a 1-D array, got shape {x.shape}")
-    if np.issubdtype(x.dtype, np.integer):
-        info = np.iinfo(x.dtype)
-        return x.astype(np.float32) / float(max(abs(info.min), info.max))
-    x = x.astype(np.float32)
-    if x.size and not np.isfinite(x).all():
-        raise TranscriptionError("audio samples must be finite (got NaN or infinity)")
-    return x
+    return mono_float32(samples, TranscriptionError)
 
 
 class TranscriptEvents:

@@ -38,6 +38,7 @@ from .asr_events import (  # noqa: F401  (TranscriptEvent, TranscriptionError: r
     close_events,
 )
 from .asr_greedy import GreedyDecoder
+from .audioin import preemphasize, window_of
 
 
 class TranscriptionSession:
@@ -101,25 +102,12 @@ class TranscriptionSession:
     # -- input -----------------------------------------------------------------------------------
 
     def _append(self, x: np.ndarray) -> None:
-        # Pre-emphasis in float32 on the host: the same two IEEE operations per sample as the
-        # offline pass, so the same bits.
-        if self.preemph:
-            prev = x[:1] if self._last_raw is None else self._last_raw
-            y = x - np.float32(self.preemph) * np.concatenate([prev, x[:-1]])
-            if self._last_raw is None:
-                y[0] = x[0]
-        else:
-            y = x
+        self._y = np.concatenate([self._y, preemphasize(x, self.preemph, self._last_raw)])
         self._last_raw = x[-1:].copy()
-        self._y = np.concatenate([self._y, y.astype(np.float32, copy=False)])
         self.received += len(x)
 
     def _signal(self, a: int, b: int) -> np.ndarray:
-        out = np.zeros(b - a, np.float32)
-        lo, hi = max(a, self._y_start), min(b, self._y_start + len(self._y))
-        if hi > lo:
-            out[lo - a : hi - a] = self._y[lo - self._y_start : hi - self._y_start]
-        return out
+        return window_of(self._y, self._y_start, a, b)
 
     def _add_mel(self, j1: int) -> None:
         j0 = self.mel_frames

@@ -34,23 +34,52 @@ def as_samples(samples, sample_rate, rate: int) -> np.ndarray:
     if sample_rate is not None:
         if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
             raise SessionError(f"sample_rate must be a positive integer, got {sample_rate!r}")
+    return mono_float32(samples)
+
+
+def mono_float32(samples, error: type = SessionError) -> np.ndarray:
+    """Mono samples (int PCM scaled to [-1, 1], or float) as a 1-D float32 array; what is
+    wrong with them (not numbers, not mono, not finite) is one ``error``."""
     if isinstance(samples, mx.array):
         samples = np.array(samples)
     x = np.asarray(samples)
     if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
-        raise SessionError(f"audio samples must be numbers, got an array of {x.dtype}")
+        raise error(f"audio samples must be numbers, got an array of {x.dtype}")
     if x.ndim == 2 and 1 in x.shape:
         x = x.reshape(-1)
     if x.ndim != 1:
-        raise SessionError(f"feed takes mono samples as a 1-D array, got shape {tuple(x.shape)}")
+        raise error(f"feed takes mono samples as a 1-D array, got shape {tuple(x.shape)}")
     if np.issubdtype(x.dtype, np.integer):
         info = np.iinfo(x.dtype)
         x = x.astype(np.float32) / float(max(abs(info.min), info.max))
     else:
         x = x.astype(np.float32)
         if x.size and not np.isfinite(x).all():
-            raise SessionError("audio samples must be finite (got NaN or infinity)")
+            raise error("audio samples must be finite (got NaN or infinity)")
     return x
+
+
+def preemphasize(x: np.ndarray, coef: float, prev: Optional[np.ndarray]) -> np.ndarray:
+    """Float32 samples ``x`` pre-emphasized (``y[i] = x[i] - coef x[i-1]``), ``prev`` the raw
+    sample before them (None at the start of the stream: ``y[0] = x[0]``)."""
+    # On the host in float32: the same two IEEE operations per sample as the offline pass (a
+    # float32 product, then a float32 difference), so the same bits.
+    if not coef:
+        return x.astype(np.float32, copy=False)
+    y = x - np.float32(coef) * np.concatenate([x[:1] if prev is None else prev, x[:-1]])
+    if prev is None:
+        y[0] = x[0]
+    return y.astype(np.float32, copy=False)
+
+
+def window_of(y: np.ndarray, start: int, a: int, b: int) -> np.ndarray:
+    """Samples ``[a, b)`` of a stream of which ``y`` holds those from ``start`` on, with zeros
+    before the stream's start and past what ``y`` holds."""
+    out = np.zeros(b - a, dtype=np.float32)
+    lo, hi = max(a, start), min(b, start + len(y))
+    if hi > lo:
+        out[lo - a : hi - a] = y[lo - start : hi - start]
+    return out
 
 
 class AudioIn:
@@ -163,27 +192,15 @@ class MelStream:
         self.final = max(self.final, self.frames_final(self.received))
 
     def _append(self, samples: np.ndarray) -> None:
-        # The pre-emphasis in float32 on the host: the same two IEEE operations per sample as
-        # the offline pass (a float32 product, then a float32 difference), so the same bits.
         x = np.asarray(samples, dtype=np.float32)
-        if self.preemph:
-            prev = x[:1] if self._last_raw is None else self._last_raw
-            y = x - np.float32(self.preemph) * np.concatenate([prev, x[:-1]])
-            if self._last_raw is None:
-                y[0] = x[0]
-        else:
-            y = x
+        y = preemphasize(x, self.preemph, self._last_raw)
         self._last_raw = x[-1:].copy()
-        self._y = np.concatenate([self._y, y.astype(np.float32, copy=False)])
+        self._y = np.concatenate([self._y, y])
         self.received += len(x)
 
     def _signal(self, a: int, b: int) -> np.ndarray:
         """Pre-emphasized samples [a, b) with zeros before the start and past what arrived."""
-        out = np.zeros(b - a, dtype=np.float32)
-        lo, hi = max(a, self._y_start), min(b, self._y_start + len(self._y))
-        if hi > lo:
-            out[lo - a : hi - a] = self._y[lo - self._y_start : hi - self._y_start]
-        return out
+        return window_of(self._y, self._y_start, a, b)
 
     def _compute_mel(self, j0: int, j1: int) -> mx.array:
         """Log-mel frames [j0, j1) exactly as ``Preprocessor.__call__`` computes them."""

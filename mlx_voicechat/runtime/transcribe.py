@@ -40,8 +40,7 @@ class TranscriptTimings:
     def report(self, tokens: int) -> str:
         return "\n".join(
             [
-                f"audio:    {self.audio_seconds:.2f} s "
-                f"({self.encoder_frames} encoder frames, {tokens} tokens)",
+                f"audio:    {self.audio_seconds:.2f} s ({self._counts(tokens)})",
                 f"mel:      {self.mel_ms:.1f} ms",
                 f"encoder:  {self.encoder_ms:.1f} ms",
                 f"decode:   {self.decode_ms:.1f} ms",
@@ -49,6 +48,9 @@ class TranscriptTimings:
                 f"RTF:      {self.rtf:.4f}",
             ]
         )
+
+    def _counts(self, tokens: int) -> str:
+        return f"{self.encoder_frames} encoder frames, {tokens} tokens"
 
 
 @dataclass

@@ -5,22 +5,20 @@ still to read), a driver (the protocol's commands to the worker, a few frames pe
 cancel or a disconnect waits for at most one short job), a writer (a bounded queue of server
 events; a client that stops reading fills it and is dropped), a clock (silence at real time when
 the client falls behind, and the lag bound) and the idle bound (no client audio for
-``idle_timeout`` seconds closes the connection).
-:class:`~.server.Server` is what the connections share.
+``idle_timeout`` seconds closes the connection); the queues, the reader and the writer are
+:class:`~.channel.Channel`'s. :class:`~.server.Server` is what the connections share.
 """
 
 import asyncio
-import contextlib
-import json
-import logging
 import time
 from collections import deque
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -30,30 +28,19 @@ from .server import (  # noqa: F401  (Server and the constants: re-exported, imp
     Server,
 )
 
-CLOSE_POLICY = 1008
-CLOSE_TRY_AGAIN = 1013
 CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
 MAX_QUEUED_COMMANDS = 4096  # audio is bounded by max_lag_seconds, the number of events by this
-_CLOSE = object()  # in the send queue: close the connection after the events before it
-log = logging.getLogger("mlx_voicechat.serve")
 
 
-class Conversation:
+class Conversation(Channel):
     """One WebSocket connection and its session."""
 
     def __init__(self, server: Server, websocket):
-        self.server = server
-        self.ws = websocket
-        self.protocol = Realtime(
-            server.model_id, max_instructions_chars=server.max_instructions_chars
+        super().__init__(
+            server,
+            websocket,
+            Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars),
         )
-        self.inbox: deque = deque()
-        self.wake = asyncio.Event()
-        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
-        self.stopped = asyncio.Event()
-        self.close_code = 1000
-        self.close_reason = ""
-        self.session = None
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
         self.position = 0  # 16 kHz samples queued so far (client audio and clock silence)
@@ -63,48 +50,15 @@ class Conversation:
         self.held = np.zeros(0, np.float32)
         self.client_seconds = 0.0  # client audio queued so far, seconds
         self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
-        self.room = asyncio.Event()  # set while the send queue has room for a client's replies
-        self.room.set()
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
         self.started = asyncio.Event()
-        self.closing: Optional[tuple] = None  # (close code, reason) once fail() was called
 
     # -- plumbing --
 
-    @property
-    def high_water(self) -> int:
-        """Queued server events past which the reader waits for the client to read them."""
-        return max(1, self.server.send_queue_size // 2)
-
-    def send(self, events: List[dict]) -> None:
-        for event in events:
-            try:
-                self.outbox.put_nowait(event)
-            except asyncio.QueueFull:
-                self.stop(CLOSE_POLICY, "the client does not read its events")
-                return
-
-    def stop(self, code: int, reason: str) -> None:
-        """End the connection now (the tasks are cancelled, the slot is freed)."""
-        if not self.stopped.is_set():
-            self.close_code, self.close_reason = code, reason
-            self.stopped.set()
-
-    def fail(self, code: str, message: str, close: int, param: Optional[str] = None) -> None:
-        """An error event, then the connection closes with ``close`` once the events queued
-        before it are sent; the session does no more work."""
-        if self.closing is not None:
-            return
-        self.closing = (close, message[:120])
-        self.inbox.clear()
+    def drop_work(self) -> None:
+        super().drop_work()
         self.drain = None
-        self.wake.set()
-        try:
-            self.outbox.put_nowait(self.protocol.error(code, message, param, type_="server_error"))
-            self.outbox.put_nowait(_CLOSE)
-        except asyncio.QueueFull:
-            self.stop(*self.closing)
 
     @property
     def lag_seconds(self) -> float:
@@ -167,36 +121,19 @@ class Conversation:
 
     async def run(self) -> None:
         self.send(self.protocol.open(self.server.vendor))
-        tasks = [
-            asyncio.create_task(self._reader()),
-            asyncio.create_task(self._driver()),
-            asyncio.create_task(self._writer()),
-        ]
+        await super().run()
+
+    def tasks(self) -> list:
+        tasks = super().tasks()
         if self.server.silence_feed:
-            tasks.append(asyncio.create_task(self._clock()))
+            tasks.append(self._clock())
         if self.server.idle_timeout:
-            tasks.append(asyncio.create_task(self._idle()))
-        stop = asyncio.create_task(self.stopped.wait())
-        try:
-            done, _ = await asyncio.wait(tasks + [stop], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop and not t.cancelled() and t.exception() is not None:
-                    log.error("connection failed", exc_info=t.exception())
-                    self.stop(1011, "internal server error")
-        finally:
-            for t in tasks + [stop]:
-                t.cancel()
-            await asyncio.gather(*tasks, stop, return_exceptions=True)
-            self.free()
-            if self.stopped.is_set():
-                # A client that does not read cannot take a close frame either: bounded wait.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.ws.close(self.close_code, self.close_reason), 1.0)
+            tasks.append(self._idle())
+        return tasks
 
     def free(self) -> None:
         """Give the slot back now; the session is closed on the worker after its current job."""
-        self.server.active -= 1
-        self.server.sessions_served += 1
+        super().free()
 
         def close():
             if self.session is not None:
@@ -205,23 +142,6 @@ class Conversation:
 
         self.server.worker.submit(close)
 
-    async def _reader(self) -> None:
-        while True:
-            # A burst of events that each get a reply (response.create, session.update) waits
-            # here for the client to read the replies: only a client that does not read fills
-            # the send queue.
-            while self.outbox.qsize() >= self.high_water:
-                self.room.clear()
-                await self.room.wait()
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            raw = message.get("text")
-            if raw is None:
-                raw = message.get("bytes") or b""
-            if not self.take(raw):
-                return
-
     def take(self, raw) -> bool:
         """One client message through the protocol; False ends the reader."""
         events, commands = self.protocol.receive(raw)
@@ -229,23 +149,6 @@ class Conversation:
         for c in commands:
             self.command(c)
         return True
-
-    async def _writer(self) -> None:
-        while True:
-            event = await self.outbox.get()
-            if self.outbox.qsize() < self.high_water:
-                self.room.set()
-            if event is _CLOSE:
-                self.stop(*self.closing)
-                return
-            try:
-                try:
-                    await self.ws.send_text(json.dumps(event, ensure_ascii=False))
-                except UnicodeEncodeError:  # a lone surrogate in a string: sent escaped
-                    log.warning("an event held text that is not UTF-8: %.80r", event)
-                    await self.ws.send_text(json.dumps(event))
-            except Exception:  # the client has gone: the reader sees the disconnect too
-                return
 
     async def _idle(self) -> None:
         """No client audio for ``idle_timeout`` seconds (since it connected or last sent

@@ -13,10 +13,8 @@ and the model's 22.05 kHz speech to the output rate (24 kHz by default, 22.05 kH
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import secrets
 from typing import Dict, List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
@@ -37,6 +35,7 @@ from .wire import (  # noqa: F401  (re-exported: the transport and the tests imp
     Command,
     Commit,
     Event,
+    EventSource,
     ProtocolError,
     Resampler,
     Start,
@@ -63,7 +62,7 @@ _UNSUPPORTED = {
 }
 
 
-class Realtime(Responses):
+class Realtime(Responses, EventSource):
     """One connection's protocol state. Not thread-safe; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``frames(frame_events)`` -> events."""
@@ -75,12 +74,11 @@ class Realtime(Responses):
         voice: str = "Aria",
         max_instructions_chars: Optional[int] = None,
     ):
+        super().__init__()
         self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
         self.session_id = _new_id("sess")
         self.conversation_id = _new_id("conv")
-        self._events = itertools.count(1)
-        self._event_prefix = "event_" + secrets.token_hex(6)
         self.instructions: Optional[str] = None
         self.tools: List[dict] = []
         self._calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
@@ -103,28 +101,6 @@ class Realtime(Responses):
         self._user_frames = 0
 
     # -- helpers --
-
-    def _event(self, type_: str, **fields) -> Event:
-        return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
-
-    def error(
-        self,
-        code: str,
-        message: str,
-        param: Optional[str] = None,
-        client_event_id: Optional[str] = None,
-        type_: str = "invalid_request_error",
-    ) -> Event:
-        return self._event(
-            "error",
-            error={
-                "type": type_,
-                "code": code,
-                "message": message,
-                "param": param,
-                "event_id": client_event_id,
-            },
-        )
 
     def session_object(self) -> dict:
         return {

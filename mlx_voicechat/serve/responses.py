@@ -10,8 +10,8 @@ from .wire import MODEL_OUTPUT_RATE, Event, Resampler, _new_id, encode_pcm16
 
 
 class Responses:
-    """The frame-driven half of :class:`.protocol.Realtime` (a mixin: it uses the state and the
-    ``_event`` / ``error`` helpers that ``Realtime`` defines)."""
+    """The frame-driven half of :class:`.protocol.Realtime` (a mixin: it uses the state that
+    ``Realtime`` defines and the ``_event`` / ``error`` helpers of :class:`.wire.EventSource`)."""
 
     # -- items --
 

@@ -13,10 +13,8 @@ server VAD (``turn_detection`` must be null): the client commits.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import secrets
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -31,6 +29,7 @@ from .wire import (
     Command,
     Commit,
     Event,
+    EventSource,
     ProtocolError,
     Resampler,
     Start,
@@ -63,17 +62,16 @@ def is_transcription_update(raw) -> bool:
     )
 
 
-class TranscriptionRealtime:
+class TranscriptionRealtime(EventSource):
     """One transcription connection's protocol state; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``transcript(events)`` -> delta events;
     ``completed(...)`` -> the item's end."""
 
     def __init__(self, model_id: str, *, language: Optional[str] = None):
+        super().__init__()
         self.model_id = model_id
         self.session_id = _new_id("sess")
-        self._events = itertools.count(1)
-        self._event_prefix = "event_" + secrets.token_hex(6)
         self.input_rate = DEFAULT_RATE
         self.language = language
         self.transcription_model = model_id
@@ -83,21 +81,6 @@ class TranscriptionRealtime:
         self.previous: Optional[str] = None
         self.text = ""  # the current item's transcript so far
         self.items_done = 0
-
-    def _event(self, type_: str, **fields) -> Event:
-        return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
-
-    def error(self, code, message, param=None, client_event_id=None, type_="invalid_request_error"):
-        return self._event(
-            "error",
-            error={
-                "type": type_,
-                "code": code,
-                "message": message,
-                "param": param,
-                "event_id": client_event_id,
-            },
-        )
 
     def session_object(self) -> dict:
         return {

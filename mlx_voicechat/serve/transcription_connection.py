@@ -4,27 +4,22 @@
 every connection is a transcription session; on a VoiceChat server a connection is the duplex
 :class:`~.connection.Conversation` until its first client event asks for
 ``session.type: "transcription"`` before any audio, and from then on a transcription session on
-the model's RNNT head. A :class:`TranscriptionConversation` has three tasks (reader, driver on
-the shared worker thread, writer with a bounded queue), like the duplex one, without the clock:
-a transcript needs no silence fed at real time.
+the model's RNNT head. A :class:`TranscriptionConversation` has three tasks (the reader and the
+writer with its bounded queue of :class:`~.channel.Channel`, as the duplex one has, and its own
+driver on the shared worker thread), without the clock: a transcript needs no silence fed at
+real time.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 from collections import deque
 from typing import List, Optional
 
 from ..errors import VoiceChatError
-from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, Conversation
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
+from .connection import Conversation
 from .transcription import TranscriptionRealtime, is_transcription_update
 from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
-
-log = logging.getLogger("mlx_voicechat.serve")
-_CLOSE = object()
 
 
 def is_recognizer(model) -> bool:
@@ -81,53 +76,23 @@ class _Duplex(Conversation):
         return super().take(raw)
 
 
-class TranscriptionConversation:
+class TranscriptionConversation(Channel):
     """One transcription connection and its session."""
 
+    kind = "transcription connection"
+
     def __init__(self, server, websocket, pending: List[str] = (), announced: bool = False):
-        self.server, self.ws = server, websocket
-        self.protocol = TranscriptionRealtime(server.model_id)
+        super().__init__(server, websocket, TranscriptionRealtime(server.model_id))
         self.pending, self.announced = list(pending), announced
-        self.inbox: deque = deque()
-        self.wake = asyncio.Event()
-        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
-        self.room = asyncio.Event()  # the writer has sent replies off: the reader goes on
-        self.high_water = max(1, server.send_queue_size // 2)
-        self.stopped = asyncio.Event()
-        self.close_code, self.close_reason = 1000, ""
-        self.closing: Optional[tuple] = None
-        self.session = None
         self.position = 0  # 16 kHz samples received
         self.consumed = 0  # 16 kHz samples fed
         self.item_start = 0  # position where the current item began
 
     # -- plumbing --
 
-    def send(self, events) -> None:
-        for event in events:
-            try:
-                self.outbox.put_nowait(event)
-            except asyncio.QueueFull:
-                self.stop(CLOSE_POLICY, "the client does not read its events")
-                return
-
-    def stop(self, code: int, reason: str) -> None:
-        if not self.stopped.is_set():
-            self.close_code, self.close_reason = code, reason
-            self.stopped.set()
-
-    def fail(self, code: str, message: str, close: int) -> None:
-        """An error event, then the connection closes once the events before it are sent."""
-        if self.closing is not None:
-            return
-        self.closing = (close, message[:120])
-        self.inbox.clear()
-        self.wake.set()
-        try:
-            self.outbox.put_nowait(self.protocol.error(code, message, type_="server_error"))
-            self.outbox.put_nowait(_CLOSE)
-        except asyncio.QueueFull:
-            self.stop(*self.closing)
+    def take(self, raw) -> bool:
+        self.handle(raw)
+        return True
 
     def handle(self, raw) -> None:
         events, commands = self.protocol.receive(raw)
@@ -158,54 +123,11 @@ class TranscriptionConversation:
             self.send(self.protocol.open())
         for raw in self.pending:
             self.handle(raw)
-        tasks = [
-            asyncio.create_task(self._reader()),
-            asyncio.create_task(self._driver()),
-            asyncio.create_task(self._writer()),
-        ]
-        stop = asyncio.create_task(self.stopped.wait())
-        try:
-            done, _ = await asyncio.wait(tasks + [stop], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop and not t.cancelled() and t.exception() is not None:
-                    log.error("transcription connection failed", exc_info=t.exception())
-                    self.stop(1011, "internal server error")
-        finally:
-            for t in tasks + [stop]:
-                t.cancel()
-            await asyncio.gather(*tasks, stop, return_exceptions=True)
-            self.server.active -= 1
-            self.server.sessions_served += 1
-            self.session = None
-            if self.stopped.is_set():
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.ws.close(self.close_code, self.close_reason), 1.0)
+        await super().run()
 
-    async def _reader(self) -> None:
-        while True:
-            # As the duplex reader: a burst of events that each get a reply waits here for the
-            # client to read them; only a client that does not read fills the send queue.
-            while self.outbox.qsize() >= self.high_water:
-                self.room.clear()
-                await self.room.wait()
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            raw = message.get("text")
-            self.handle(raw if raw is not None else (message.get("bytes") or b""))
-
-    async def _writer(self) -> None:
-        while True:
-            event = await self.outbox.get()
-            if self.outbox.qsize() < self.high_water:
-                self.room.set()
-            if event is _CLOSE:
-                self.stop(*self.closing)
-                return
-            try:
-                await self.ws.send_text(json.dumps(event, ensure_ascii=False))
-            except Exception:
-                return
+    def free(self) -> None:
+        super().free()
+        self.session = None
 
     async def _driver(self) -> None:
         worker = self.server.worker

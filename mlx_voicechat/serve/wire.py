@@ -1,11 +1,12 @@
 """What crosses the protocol's edges: the commands the worker runs, the errors a client event
-gets, PCM16 audio in and out (resampled statefully, so chunk joins leave no seam) and the check
-that a client's text is text."""
+gets, PCM16 audio in and out (resampled statefully, so chunk joins leave no seam), the check
+that a client's text is text, and the ids of the server's events (:class:`EventSource`)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import secrets
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -162,4 +163,35 @@ def not_utf8(event) -> Optional[str]:
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(10)}"
+
+
+class EventSource:
+    """The server events of one connection's protocol (duplex or transcription): each gets an
+    ``event_id`` of its own (a random prefix per connection, then a count)."""
+
+    def __init__(self):
+        self._events = itertools.count(1)
+        self._event_prefix = "event_" + secrets.token_hex(6)
+
+    def _event(self, type_: str, **fields) -> Event:
+        return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
+
+    def error(
+        self,
+        code: str,
+        message: str,
+        param: Optional[str] = None,
+        client_event_id: Optional[str] = None,
+        type_: str = "invalid_request_error",
+    ) -> Event:
+        return self._event(
+            "error",
+            error={
+                "type": type_,
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": client_event_id,
+            },
+        )
 

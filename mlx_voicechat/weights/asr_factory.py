@@ -28,6 +28,7 @@ from ..errors import VoiceChatError
 from ..files import current_umask
 from .asr_layout import to_transformers
 from .loading import check_group_size
+from .scales import letter_pieces
 from .writer import save_safetensors, write_json
 
 ASR_SCALES = ("tiny", "small", "full")
@@ -51,12 +52,7 @@ def _pieces(n: int) -> List[str]:
     letters = list("abcdefghijklmnopqrstuvwxyz")
     pieces = ["<unk>", "\u2581"] + [f"<{lang}>" for lang in _LANGUAGES]
     pieces += letters + ["\u2581" + c for c in letters] + ["'", ",", ".", "?"]
-    i = 0
-    while len(pieces) < n:
-        a, b = letters[i % 26], letters[(i // 26) % 26]
-        pieces.append(("\u2581" if (i // 676) % 2 else "") + a + b + ("" if i < 1352 else str(i)))
-        i += 1
-    return pieces[:n]
+    return letter_pieces(pieces, n)
 
 
 def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:

@@ -18,9 +18,38 @@ import mlx.core as mx
 
 from .sanitize import expected_shapes, sanitize, to_torch_layout
 
-# (Transformers, ours) key prefixes and infixes, applied in order.
-_TO_OURS = (
-    (re.compile(r"^encoder\.subsampling\.conv_in\."), "encoder.pre_encode.conv.0."),
+# (Transformers, ours) names, applied in this order either way: "^" anchors a name at the key's
+# start, "$" at its end; others are infixes.
+_RENAMES = (
+    ("^encoder.subsampling.conv_in.", "^encoder.pre_encode.conv.0."),
+    ("^encoder.subsampling.linear.", "^encoder.pre_encode.out."),
+    (".conv.norm.", ".conv.batch_norm."),
+    (".self_attn.q_proj.", ".self_attn.linear_q."),
+    (".self_attn.k_proj.", ".self_attn.linear_k."),
+    (".self_attn.v_proj.", ".self_attn.linear_v."),
+    (".self_attn.o_proj.", ".self_attn.linear_out."),
+    (".self_attn.relative_k_proj.", ".self_attn.linear_pos."),
+    (".self_attn.bias_u$", ".self_attn.pos_bias_u$"),
+    (".self_attn.bias_v$", ".self_attn.pos_bias_v$"),
+    ("^decoder.embedding.", "^decoder.prediction.embed."),
+    ("^decoder.lstm.", "^decoder.prediction.dec_rnn.lstm."),
+    ("^decoder.decoder_projector.", "^joint.pred."),
+    ("^encoder_projector.", "^joint.enc."),
+    ("^joint.head.", "^joint.joint_net.2."),
+    ("^prompt_projector.linear_1.", "^prompt_kernel.0."),
+    ("^prompt_projector.linear_2.", "^prompt_kernel.2."),
+)
+
+
+def _rule(name: str, to: str):
+    core = re.escape(name.strip("^$"))
+    pattern = ("^" if name.startswith("^") else "") + core + ("$" if name.endswith("$") else "")
+    return re.compile(pattern), to.strip("^$")
+
+
+# The subsampling's convolutions: Transformers numbers its (depthwise, pointwise) pairs, the
+# MLX tree (NeMo's Sequential) counts every module, the activations included.
+_TO_OURS = tuple(_rule(theirs, ours) for theirs, ours in _RENAMES) + (
     (
         re.compile(r"^encoder\.subsampling\.layers\.(\d+)\.depthwise_conv\."),
         lambda m: f"encoder.pre_encode.conv.{2 + 3 * int(m[1])}.",
@@ -29,46 +58,15 @@ _TO_OURS = (
         re.compile(r"^encoder\.subsampling\.layers\.(\d+)\.pointwise_conv\."),
         lambda m: f"encoder.pre_encode.conv.{3 + 3 * int(m[1])}.",
     ),
-    (re.compile(r"^encoder\.subsampling\.linear\."), "encoder.pre_encode.out."),
-    (re.compile(r"\.conv\.norm\."), ".conv.batch_norm."),
-    (re.compile(r"\.self_attn\.q_proj\."), ".self_attn.linear_q."),
-    (re.compile(r"\.self_attn\.k_proj\."), ".self_attn.linear_k."),
-    (re.compile(r"\.self_attn\.v_proj\."), ".self_attn.linear_v."),
-    (re.compile(r"\.self_attn\.o_proj\."), ".self_attn.linear_out."),
-    (re.compile(r"\.self_attn\.relative_k_proj\."), ".self_attn.linear_pos."),
-    (re.compile(r"\.self_attn\.bias_([uv])$"), r".self_attn.pos_bias_\1"),
-    (re.compile(r"^decoder\.embedding\."), "decoder.prediction.embed."),
-    (re.compile(r"^decoder\.lstm\."), "decoder.prediction.dec_rnn.lstm."),
-    (re.compile(r"^decoder\.decoder_projector\."), "joint.pred."),
-    (re.compile(r"^encoder_projector\."), "joint.enc."),
-    (re.compile(r"^joint\.head\."), "joint.joint_net.2."),
-    (re.compile(r"^prompt_projector\.linear_1\."), "prompt_kernel.0."),
-    (re.compile(r"^prompt_projector\.linear_2\."), "prompt_kernel.2."),
 )
 
-_TO_TRANSFORMERS = (
-    (re.compile(r"^encoder\.pre_encode\.conv\.0\."), "encoder.subsampling.conv_in."),
+_TO_TRANSFORMERS = tuple(_rule(ours, theirs) for theirs, ours in _RENAMES) + (
     (
         re.compile(r"^encoder\.pre_encode\.conv\.(\d+)\."),
         lambda m: "encoder.subsampling.layers.{}.{}.".format(
             (int(m[1]) - 2) // 3, "depthwise_conv" if (int(m[1]) - 2) % 3 == 0 else "pointwise_conv"
         ),
     ),
-    (re.compile(r"^encoder\.pre_encode\.out\."), "encoder.subsampling.linear."),
-    (re.compile(r"\.conv\.batch_norm\."), ".conv.norm."),
-    (re.compile(r"\.self_attn\.linear_q\."), ".self_attn.q_proj."),
-    (re.compile(r"\.self_attn\.linear_k\."), ".self_attn.k_proj."),
-    (re.compile(r"\.self_attn\.linear_v\."), ".self_attn.v_proj."),
-    (re.compile(r"\.self_attn\.linear_out\."), ".self_attn.o_proj."),
-    (re.compile(r"\.self_attn\.linear_pos\."), ".self_attn.relative_k_proj."),
-    (re.compile(r"\.self_attn\.pos_bias_([uv])$"), r".self_attn.bias_\1"),
-    (re.compile(r"^decoder\.prediction\.embed\."), "decoder.embedding."),
-    (re.compile(r"^decoder\.prediction\.dec_rnn\.lstm\."), "decoder.lstm."),
-    (re.compile(r"^joint\.pred\."), "decoder.decoder_projector."),
-    (re.compile(r"^joint\.enc\."), "encoder_projector."),
-    (re.compile(r"^joint\.joint_net\.2\."), "joint.head."),
-    (re.compile(r"^prompt_kernel\.0\."), "prompt_projector.linear_1."),
-    (re.compile(r"^prompt_kernel\.2\."), "prompt_projector.linear_2."),
 )
 
 # Buffers of the Transformers modules that no inference path reads.

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..config import VoiceChatConfig
@@ -30,8 +29,7 @@ from .sanitize import conv_transpose_keys, to_torch_layout
 from .scales import SCALES, build_tokenizer, scale_config, tokenizer_config
 from .writer import (
     flat_config,
-    listed_modules,
-    quantization_map,
+    quantize_like_mlx_community,
     save_safetensors,
     save_sharded,
     write_json,
@@ -239,16 +237,7 @@ def make_checkpoint(
     quant_map = None
     if quantize:
         model.load_weights(list(weights.items()), strict=True)
-        quant_map = quantization_map(model, quantize, group_size)
-        listed = set(listed_modules(quant_map))
-        if not listed:
-            raise VoiceChatError(
-                f"no matrix of the {scale} model has an input width divisible by group size "
-                f"{group_size}; pick a smaller group size"
-            )
-        nn.quantize(
-            model, group_size=group_size, bits=quantize, class_predicate=lambda p, m: p in listed
-        )
+        quant_map = quantize_like_mlx_community(model, quantize, group_size, scale)
         weights = dict(tree_flatten(model.parameters()))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from ..config import VoiceChatConfig
 from ..errors import VoiceChatError
@@ -20,7 +19,7 @@ from ..nets.layout import use_cpu_layout
 from .loading import check_group_size
 from .random_init import random_weights
 from .scales import build_tokenizer, scale_config, tokenizer_config
-from .writer import flat_config, listed_modules, quantization_map
+from .writer import flat_config, quantize_like_mlx_community
 
 # Parameters generated and cast per evaluation: bounds the float32 draws alive at once.
 _EVAL_BYTES = 1 << 30
@@ -74,16 +73,7 @@ def random_model(
     del weights, batch
     quant_map = None
     if quantize:
-        quant_map = quantization_map(model, quantize, group_size)
-        listed = set(listed_modules(quant_map))
-        if not listed:
-            raise VoiceChatError(
-                f"no matrix of the {scale} model has an input width divisible by group size "
-                f"{group_size}; pick a smaller group size"
-            )
-        nn.quantize(
-            model, group_size=group_size, bits=quantize, class_predicate=lambda p, m: p in listed
-        )
+        quant_map = quantize_like_mlx_community(model, quantize, group_size, scale)
     # The config the checkpoint would carry (its quantization map included).
     model.config = VoiceChatConfig.from_dict(flat_config(base, quant_map))
     model.eval()

@@ -230,14 +230,22 @@ def tokenizer_config() -> Dict[str, Any]:
     }
 
 
+_LETTERS = list("abcdefghijklmnopqrstuvwxyz")
+
+
 def _rnnt_pieces(n: int) -> List[str]:
     """A SentencePiece-like RNNT vocabulary of n pieces (index 0 = <unk>)."""
-    letters = list("abcdefghijklmnopqrstuvwxyz")
-    pieces = RNNT_SPECIALS + ["\u2581"] + letters + ["\u2581" + c for c in letters]
-    pieces += ["'", ",", ".", "?", "<en-US>"]
+    pieces = RNNT_SPECIALS + ["\u2581"] + _LETTERS + ["\u2581" + c for c in _LETTERS]
+    return letter_pieces(pieces + ["'", ",", ".", "?", "<en-US>"], n)
+
+
+def letter_pieces(pieces: List[str], n: int) -> List[str]:
+    """``pieces`` filled up to ``n`` with two-letter pieces (``aa``, ``ba``, ..., then with a
+    word-start mark, then numbered), or cut to ``n``."""
+    pieces = list(pieces)
     i = 0
     while len(pieces) < n:
-        a, b = letters[i % 26], letters[(i // 26) % 26]
+        a, b = _LETTERS[i % 26], _LETTERS[(i // 26) % 26]
         pieces.append(("\u2581" if (i // 676) % 2 else "") + a + b + ("" if i < 1352 else str(i)))
         i += 1
     return pieces[:n]

@@ -90,6 +90,20 @@ def listed_modules(quantization: Optional[Mapping[str, Any]]) -> List[str]:
     return sorted(k for k, v in (quantization or {}).items() if isinstance(v, dict))
 
 
+def quantize_like_mlx_community(model: nn.Module, bits: int, group_size: int, scale: str):
+    """Quantize ``model`` (of the named ``scale``) in place as the mlx-community checkpoints are
+    (:func:`quantization_map`) and return the map; a VoiceChatError when no matrix qualifies."""
+    quant_map = quantization_map(model, bits, group_size)
+    listed = set(listed_modules(quant_map))
+    if not listed:
+        raise VoiceChatError(
+            f"no matrix of the {scale} model has an input width divisible by group size "
+            f"{group_size}; pick a smaller group size"
+        )
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=lambda p, m: p in listed)
+    return quant_map
+
+
 # --- config -----------------------------------------------------------------------------
 
 _TEXT_KEYS = (

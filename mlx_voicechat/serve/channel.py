@@ -1,0 +1,152 @@
+"""What a WebSocket connection is on the asyncio side, whatever its protocol: the driver's
+inbox, a bounded send queue and its writer, a reader that waits while the client has many
+events still to read, and the two ways a connection ends (``stop``: now; ``fail``: an error
+event, then the close once the events before it are sent).
+
+:class:`~.connection.Conversation` (duplex) and
+:class:`~.transcription_connection.TranscriptionConversation` add their protocol's commands and
+the driver that runs them on the worker.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import List, Optional
+
+CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
+_CLOSE = object()  # in the send queue: close the connection after the events before it
+log = logging.getLogger("mlx_voicechat.serve")
+
+
+class Channel:
+    """One WebSocket's queues and tasks around ``protocol`` (subclasses add the driver)."""
+
+    kind = "connection"  # what the log calls it when one of its tasks fails
+
+    def __init__(self, server, websocket, protocol):
+        self.server = server
+        self.ws = websocket
+        self.protocol = protocol
+        self.inbox: deque = deque()  # commands for the driver
+        self.wake = asyncio.Event()
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
+        self.room = asyncio.Event()  # set while the send queue has room for a client's replies
+        self.room.set()
+        self.stopped = asyncio.Event()
+        self.close_code = 1000
+        self.close_reason = ""
+        self.closing: Optional[tuple] = None  # (close code, reason) once fail() was called
+        self.session = None
+
+    # -- plumbing --
+
+    @property
+    def high_water(self) -> int:
+        """Queued server events past which the reader waits for the client to read them."""
+        return max(1, self.server.send_queue_size // 2)
+
+    def send(self, events: List[dict]) -> None:
+        for event in events:
+            try:
+                self.outbox.put_nowait(event)
+            except asyncio.QueueFull:
+                self.stop(CLOSE_POLICY, "the client does not read its events")
+                return
+
+    def stop(self, code: int, reason: str) -> None:
+        """End the connection now (the tasks are cancelled, the slot is freed)."""
+        if not self.stopped.is_set():
+            self.close_code, self.close_reason = code, reason
+            self.stopped.set()
+
+    def fail(self, code: str, message: str, close: int, param: Optional[str] = None) -> None:
+        """An error event, then the connection closes with ``close`` once the events queued
+        before it are sent; the session does no more work."""
+        if self.closing is not None:
+            return
+        self.closing = (close, message[:120])
+        self.drop_work()
+        self.wake.set()
+        try:
+            self.outbox.put_nowait(self.protocol.error(code, message, param, type_="server_error"))
+            self.outbox.put_nowait(_CLOSE)
+        except asyncio.QueueFull:
+            self.stop(*self.closing)
+
+    def drop_work(self) -> None:
+        """On ``fail``: forget the work queued for the session."""
+        self.inbox.clear()
+
+    def take(self, raw) -> bool:
+        """One client message; False ends the reader."""
+        raise NotImplementedError
+
+    def free(self) -> None:
+        """Give the slot back (the tasks have ended)."""
+        self.server.active -= 1
+        self.server.sessions_served += 1
+
+    # -- the tasks --
+
+    def tasks(self) -> list:
+        """The coroutines the connection runs until one ends or it is stopped."""
+        return [self._reader(), self._driver(), self._writer()]
+
+    async def _driver(self) -> None:
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(c) for c in self.tasks()]
+        stop = asyncio.create_task(self.stopped.wait())
+        try:
+            done, _ = await asyncio.wait(tasks + [stop], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and not t.cancelled() and t.exception() is not None:
+                    log.error("%s failed", self.kind, exc_info=t.exception())
+                    self.stop(1011, "internal server error")
+        finally:
+            for t in tasks + [stop]:
+                t.cancel()
+            await asyncio.gather(*tasks, stop, return_exceptions=True)
+            self.free()
+            if self.stopped.is_set():
+                # A client that does not read cannot take a close frame either: bounded wait.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.ws.close(self.close_code, self.close_reason), 1.0)
+
+    async def _reader(self) -> None:
+        while True:
+            # A burst of events that each get a reply (response.create, session.update) waits
+            # here for the client to read the replies: only a client that does not read fills
+            # the send queue.
+            while self.outbox.qsize() >= self.high_water:
+                self.room.clear()
+                await self.room.wait()
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            if not self.take(raw):
+                return
+
+    async def _writer(self) -> None:
+        while True:
+            event = await self.outbox.get()
+            if self.outbox.qsize() < self.high_water:
+                self.room.set()
+            if event is _CLOSE:
+                self.stop(*self.closing)
+                return
+            try:
+                try:
+                    await self.ws.send_text(json.dumps(event, ensure_ascii=False))
+                except UnicodeEncodeError:  # a lone surrogate in a string: sent escaped
+                    log.warning("an event held text that is not UTF-8: %.80r", event)
+                    await self.ws.send_text(json.dumps(event))
+            except Exception:  # the client has gone: the reader sees the disconnect too
+                return
