@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from fastpath_utils import set_fastpath
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache
 
 from mlx_voicechat.nemotron_voicechat import Model
 from mlx_voicechat.nets import fastpaths, heads
@@ -67,7 +67,7 @@ def test_llm_step_and_row_attention_equal_mlx_lm_per_row(medium, monkeypatch):
         outs += [llm(x[b : b + 1, t : t + 1], cache) for t in range(prefill, prefill + steps)]
         return outs, cache
 
-    (a_out, a_cache), (b_out, b_cache) = alone(0, 3, 5), alone(1, 5, 3)
+    (a_out, _), (b_out, _) = alone(0, 3, 5), alone(1, 5, 3)
     # the batch: both rows' states after their prefills, then three steps together
     set_fastpath(monkeypatch, "llm.step", True)
     rows = []
