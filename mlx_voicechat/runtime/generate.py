@@ -139,21 +139,25 @@ def run_frames(
 ) -> Tuple[List[Tuple[int, int]], List[mx.array]]:
     """The frame step over every row of ``frames`` ``[1, F, H]``: each frame is queued
     ``LOOKAHEAD`` frames before its ids are read (its LLM reads the previous ids on the
-    device, its speech runs on the speech stream beside the next frames' LLM). Returns the
-    ``(text, function)`` ids and the code frame ``[1, Q]`` of each frame."""
+    device), and its speech is scheduled once the next frame's LLM is queued, so that it runs
+    on the speech stream beside that LLM. Returns the ``(text, function)`` ids and the code
+    frame ``[1, Q]`` of each frame."""
     F = frames.shape[1]
     ids: List[Tuple[int, int]] = []
     codes: List[mx.array] = []
     pending: deque = deque()
     for i in range(F):
         out = step(model, state, frames[:, i : i + 1])
-        mx.async_eval(out.ids, out.codes)
+        if codes:
+            mx.async_eval(codes[-1])  # the previous frame's speech, beside this frame's LLM
         pending.append(out)
         codes.append(out.codes)
         if len(pending) > LOOKAHEAD:
             ids.append(tuple(pending.popleft().ids[0].tolist()))  # a frame's one host read
         if progress is not None:
             progress(i + 1, F)
+    if codes:
+        mx.async_eval(codes[-1])
     while pending:
         ids.append(tuple(pending.popleft().ids[0].tolist()))
     return ids, codes

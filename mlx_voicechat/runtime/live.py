@@ -102,7 +102,6 @@ def queue_frame(
     mx.async_eval(projected)
     quiet = state.flags.cache[0]  # the barge-in flag the frame runs with
     out = step(model, state, projected, split_head=True)
-    mx.async_eval(out.ids)  # the LLM and the function head run while the speech is built
     speech = model.tts_model
     codec = speech.audio_codec
     with mx.stream(speech_stream()):

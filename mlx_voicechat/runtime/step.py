@@ -14,7 +14,9 @@ frame 0 gets the codec's silence codes.
 
 Within a frame the LLM and its heads run on the default stream and the speech on
 :func:`speech_stream`, reading the text id on the device: the frame needs no host read before
-its speech, and its speech runs beside the next frame's LLM.
+its speech, and its speech runs beside the next frame's LLM. The step schedules the ids (the
+text id first); the codes are left to the caller to schedule, after whatever should run beside
+them has been queued (offline: the next frame's LLM).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def step(model, state: FrameState, rows: mx.array, *, split_head: bool = False) 
     if state.prefix is not None and B != 1:
         raise ValueError("only a single conversation's first frame has a prompt to prefill")
     text, ids = _think(model, state, rows, split_head)
+    # Scheduled before the speech is queued (queuing it can take as long as it runs): the
+    # function head runs beside the speech.
+    mx.async_eval(ids)
     codes = _speak(model, state, text)
     state.position = [p + 1 for p in state.position]
     state.frames = [f + 1 for f in state.frames]
@@ -92,7 +97,9 @@ def _none(B: int) -> mx.array:
 
 
 def _speak(model, state: FrameState, text: mx.array) -> mx.array:
-    """The frame's code frames ``[B, Q]``, queued on :func:`speech_stream`."""
+    """The frame's code frames ``[B, Q]``, built on :func:`speech_stream` and left for the
+    caller to schedule (on the CPU, scheduling a long chain of small ops returns only when
+    most of it has run: the caller first queues what should run beside it)."""
     speech = model.tts_model
     silence = speech.codec_silence_tokens
     if state.position == [0]:
@@ -104,7 +111,6 @@ def _speak(model, state: FrameState, text: mx.array) -> mx.array:
         codes, state.tts = speech.tts_model.step(
             text, state.ids.cache[2], state.tts, state.noise, silence
         )
-        mx.async_eval(codes)
     state.ids.cache[2] = codes
     return codes
 
