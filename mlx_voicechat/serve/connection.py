@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -69,21 +69,16 @@ class Conversation(Channel):
             self.fail("lag_exceeded", self._lag_message(), CLOSE_TRY_AGAIN)
 
     def _lag_message(self) -> str:
-        """Which side is behind: the lag is the client's audio ahead of the wall clock plus
-        the model's frames behind it."""
+        """Which side is behind, counted from the session's start (the clock feeds silence at
+        real time, so the input keeps up with the wall clock while the client is quiet)."""
         elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
-        ahead = self.position / MODEL_INPUT_RATE - elapsed  # the client's audio past real time
-        behind = elapsed - self.consumed / MODEL_INPUT_RATE  # the model's input behind it
-        if ahead > behind:
-            why = (
-                f"the client sent audio faster than real time ({self.client_seconds:.1f} s of "
-                f"audio in {elapsed:.1f} s); send it at real time"
-            )
-        else:
-            why = "the machine is slower than real time"
-        return (
-            f"the model is {self.lag_seconds:.1f} s behind the audio (the bound is "
-            f"{self.server.max_lag_seconds:g} s): {why}"
+        return lag_message(
+            self.lag_seconds,
+            self.server.max_lag_seconds,
+            self.position / MODEL_INPUT_RATE,
+            elapsed,
+            self.consumed / MODEL_INPUT_RATE,
+            self.client_seconds,
         )
 
     def command(self, c) -> None:
