@@ -190,31 +190,40 @@ class Conversation(Channel):
                     await worker.run(self.session.cancel)
                 continue
             if self.drain is not None and not self._client_audio_waiting():
-                await self._drain_step()
+                await self._job(self._drain_step())
                 continue
             if self.drain is not None:
                 self._end_drain()
             c = self.inbox.popleft()
-            try:
-                if isinstance(c, Start):
-                    if await self._prompt_too_long(c):
-                        continue
-                    await worker.run(self._open, c.instructions, c.tools)
-                elif isinstance(c, ToolResult):
-                    await self._tool_result(c)
-                elif isinstance(c, Append):
-                    samples = self._frames_of(self._take_audio(c))
-                    if samples.size:
-                        await self._feed(samples)
-            except VoiceChatError as e:
-                self.fail("session_error", str(e), CLOSE_POLICY)
-                continue
-            except Exception as e:
-                log.exception("session job failed")
-                self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
-                continue
-            if isinstance(c, Commit):
+            if await self._job(self._execute(c, worker)) and isinstance(c, Commit):
                 self.drain = {"fed": 0, "done": self.protocol.responses_done}
+
+    async def _job(self, job) -> bool:
+        """Await one job of the driver; False when it failed and ended the connection: the
+        session's own error as ``session_error`` (1008), anything else as a bug,
+        ``server_error`` (1011, its traceback in the log)."""
+        try:
+            await job
+        except VoiceChatError as e:
+            self.fail("session_error", str(e), CLOSE_POLICY)
+            return False
+        except Exception as e:
+            log.exception("session job failed")
+            self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+            return False
+        return True
+
+    async def _execute(self, c, worker) -> None:
+        """One client command (a commit's trailing silence is the driver's drain)."""
+        if isinstance(c, Start):
+            if not await self._prompt_too_long(c):
+                await worker.run(self._open, c.instructions, c.tools)
+        elif isinstance(c, ToolResult):
+            await self._tool_result(c)
+        elif isinstance(c, Append):
+            samples = self._frames_of(self._take_audio(c))
+            if samples.size:
+                await self._feed(samples)
 
     def _open(self, instructions, tools=()) -> None:  # on the worker
         self.session = self.server.open_session(instructions, tools)
