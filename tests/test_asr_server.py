@@ -5,6 +5,7 @@ All MLX work runs on the shared worker thread (MLX streams belong to threads).""
 import asyncio
 import base64
 import json
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ websockets = pytest.importorskip("websockets")
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
 from mlx_voicechat.serve.transcription import TranscriptionRealtime  # noqa: E402
+from mlx_voicechat.serve.transcription_connection import TranscriptionConversation  # noqa: E402
 from mlx_voicechat.serve.wire import encode_pcm16  # noqa: E402
 from mlx_voicechat.serve.worker import Worker  # noqa: E402
 
@@ -165,6 +167,46 @@ def test_two_items_and_24khz(asr_server):
 
     a, b = asyncio.run(main())
     assert a["item_id"] != b["item_id"] and a["usage"]["seconds"] == pytest.approx(1.5, abs=0.01)
+
+
+def test_lag_exceeded_says_which_side_is_behind(asr_server, recognizer):
+    async def main():
+        async with websockets.connect(f"ws://127.0.0.1:{asr_server.port}/v1/realtime") as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": session_update()}))
+            audio = encode_pcm16(noise(int(10.5 * 16000)))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            while True:
+                e = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                if e["type"] == "error":
+                    break
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), TIMEOUT)
+            return e["error"], closed.value.rcvd.code
+
+    error, code = asyncio.run(main())
+    assert error["code"] == "lag_exceeded" and code == 1013
+    assert "faster than real time (10.5 s of audio in 0." in error["message"], error
+    # A client at real time and a model that falls behind it: the machine is named.
+    server = create_app(recognizer, warmup=False).state.server
+    c = TranscriptionConversation(server, websocket=None)
+    c.backlog_since = (time.monotonic() - 20.0, 0)
+    c.position, c.consumed = 20 * 16000, 5 * 16000
+    assert c.check_lag()
+    error = c.outbox.get_nowait()["error"]
+    assert error["code"] == "lag_exceeded"
+    assert "15.0 s behind the audio (the bound is 10 s): the machine is slower" in error["message"]
+    # A client that paused after its first second (fed long ago), then sent 10.5 s at once:
+    # judged from when the new audio began waiting, the client is named.
+    c = TranscriptionConversation(server, websocket=None)
+    c.handle(json.dumps({"type": "session.update", "session": session_update()}))
+    c.backlog_since = (time.monotonic() - 60.0, 0)
+    c.position = c.consumed = 16000
+    audio = encode_pcm16(noise(int(10.5 * 16000)))
+    c.handle(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+    events = [c.outbox.get_nowait() for _ in range(c.outbox.qsize())]
+    error = next(e["error"] for e in events if e.get("type") == "error")
+    assert "faster than real time (10.5 s of audio in 0." in error["message"], error
 
 
 def test_protocol_refusals():

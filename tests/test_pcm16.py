@@ -1,7 +1,7 @@
 """Our two PCM16 encoders against values worked out by hand, not against themselves: the
 server's base64 PCM16 (``encode_pcm16`` / ``decode_pcm16``, scale 32767 out and 32768 in) and
-the WAV writer (``save_wav``, scale 32768, rounding half to even); both clip, and the WAV
-writer refuses NaN and infinities."""
+the WAV writer (``save_wav``, scale 32768); both round half to even, clip, and refuse NaN and
+infinities (the model's speech is always finite: one that is not is a bug to report)."""
 
 import base64
 
@@ -32,8 +32,10 @@ SERVER = [
     (-1.0 - 2**-14, -32768),  # -32769.0: clipped
     (2.0, 32767),
     (-2.0, -32768),
-    (np.inf, 32767),
-    (-np.inf, -32768),
+    (1e300, 32767),  # far out, still finite: clipped
+    (-1e300, -32768),
+    (2.5 / 32767, 2),  # halves go to the even neighbour
+    (-1.5 / 32767, -2),
     (0.4 / 32767, 0),
     (0.6 / 32767, 1),
     (-0.6 / 32767, -1),
@@ -47,6 +49,17 @@ def test_server_pcm16_rounds_and_clips():
     # little-endian words: 1 is 01 00, -2 is fe ff
     assert base64.b64decode(encode_pcm16(np.array([1 / 32767, -2 / 32767]))) == b"\x01\x00\xfe\xff"
     assert encode_pcm16(np.zeros(0, np.float32)) == ""
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_server_pcm16_refuses_nan_and_infinities(bad):
+    # Neither silence (NaN used to become 0) nor full scale (+-inf used to clip to
+    # 32767 / -32768): an error that says what was wrong, with nothing encoded.
+    x = np.array([0.0, 0.5, bad, bad, -0.5], np.float32)
+    with pytest.raises(ValueError, match="2 NaN or infinite samples of 5"):
+        encode_pcm16(x)
+    with pytest.raises(ValueError, match="1 NaN or infinite samples of 1"):
+        encode_pcm16(np.array([bad]))
 
 
 def test_server_pcm16_decodes_by_32768():

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -451,6 +452,45 @@ def test_lag_exceeded_says_which_side_is_behind(serve, model):
     error = c.outbox.get_nowait()["error"]
     assert error["code"] == "lag_exceeded"
     assert "the machine is slower than real time" in error["message"]
+
+
+@pytest.mark.parametrize("by", ["audio", "commit"])
+def test_speech_that_is_not_finite_is_a_server_error_not_audio(serve, monkeypatch, by):
+    """The model's speech is always finite; were a frame's NaN, the client gets
+    ``server_error`` and close 1011 (no audio delta, no silence in its place), whether the
+    frame was fed by the client's audio or by a commit's trailing silence."""
+    import dataclasses
+
+    from mlx_voicechat.serve.stepper import Stepper
+
+    real = Stepper.feed
+
+    async def feed(self, handle, samples):  # every frame speaks, NaN
+        events, seconds = await real(self, handle, samples)
+        nan = [dataclasses.replace(e, audio=np.full(1764, np.nan, np.float32)) for e in events]
+        return [dataclasses.replace(e, turn="start") for e in nan], seconds
+
+    monkeypatch.setattr(Stepper, "feed", feed)
+    server = serve()
+
+    async def main():
+        c = await connect(server)
+        await native_rates(c)
+        if by == "audio":
+            await c.send(type="input_audio_buffer.append", audio=pcm(noise(0.5, 16000)))
+        else:  # less than a frame, then commit: the frames come from the trailing silence
+            await c.send(type="input_audio_buffer.append", audio=pcm(noise(0.005, 16000)))
+            await c.send(type="input_audio_buffer.commit")
+        e = await c.until_type("error")
+        return e["error"], await c.closed(), c.events
+
+    error, code, events = run(main())
+    assert error["type"] == "server_error" and error["code"] == "server_error", error
+    assert error["message"] == (
+        "ValueError: audio to encode as PCM16 has 1764 NaN or infinite samples of 1764"
+    )
+    assert code == 1011
+    assert not [e for e in events if e["type"] == "response.output_audio.delta"]
 
 
 def test_the_page_is_sent_with_security_headers(serve):

@@ -410,10 +410,10 @@ def test_fed_from_two_threads_in_turn(tiny, tiny_offline):
     _same_as_offline(events, tiny_offline)
 
 
-def test_a_burst_of_rnnt_tokens_comes_out_with_its_frame(tiny_checkpoints):
+def test_a_burst_of_rnnt_tokens_comes_out_with_its_frame(tiny_checkpoints, sync_count):
     """A joint crafted to emit a token at every step: each frame has max_symbols tokens, and
-    all of them come out with the frame's own event (the frame's greedy symbols run on the
-    device in its one read), equal to the offline transcript's frames."""
+    all of them come out with the frame's own event, read from the device once per frame (the
+    frame's greedy symbols run there), equal to the offline transcript's frames."""
     from mlx_voicechat.nets.rnnt import greedy_decode
 
     model = load(tiny_checkpoints["mlx-community"])
@@ -426,7 +426,10 @@ def test_a_burst_of_rnnt_tokens_comes_out_with_its_frame(tiny_checkpoints):
     per_frame = []
     for i in range(0, len(wave), 1280):
         before = len(s.transcript_tokens)
-        for e in s.feed(wave[i : i + 1280]):
+        sync_count[0] = 0
+        events = s.feed(wave[i : i + 1280])
+        assert sync_count[0] == len(events)  # one read per frame, however many tokens
+        for e in events:
             per_frame.append((e.index, len(s.transcript_tokens) - before))
             before = len(s.transcript_tokens)
     _, encoded, F = generate_listen(model, wave)

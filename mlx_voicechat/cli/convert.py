@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+# weights.convert.DTYPES, named here so that building the parser imports no mlx (importing
+# mlx_lm would lower the process's open-file limits before `serve` can keep them).
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
 
 def add_parser(subparsers):
-    from ..weights.convert import DTYPES
-
     p = subparsers.add_parser(
         "convert",
         help="convert a checkpoint to the mlx-community layout (bf16, 8-bit, 4-bit)",
@@ -21,7 +23,7 @@ def add_parser(subparsers):
         help="folder or hub id with tokenizer.json (NVIDIA's release has none)",
     )
     p.add_argument("--output", required=True, help="output folder (must not exist)")
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument(
         "--quantize",
         type=int,

@@ -117,7 +117,8 @@ def run(args) -> int:
     from . import serve_ray
 
     # Before anything imports mlx_lm.utils, which lowers the open-file limits at its import
-    # (the import below keeps them; whatever else lowers them is undone after the load).
+    # (building the parser imports no mlx; the import below keeps them; whatever else lowers
+    # them is undone after the load).
     saved_limits = open_file_limits()
     try:
         import fastapi  # noqa: F401

@@ -21,6 +21,25 @@ _CLOSE = object()  # in the send queue: close the connection after the events be
 log = logging.getLogger("mlx_voicechat.serve")
 
 
+def lag_message(
+    lag: float, bound: float, audio: float, elapsed: float, fed: float, client_seconds: float
+) -> str:
+    """The message of ``lag_exceeded``: the model is ``lag`` seconds behind the audio (past
+    ``bound``), and which side is behind. Over the last ``elapsed`` seconds of wall clock the
+    connection took in ``audio`` seconds of input (the client's ``client_seconds`` and any
+    silence the server fed) and the model ``fed`` seconds of it: the input ahead of the clock
+    (``audio - elapsed``) and the model behind the clock (``elapsed - fed``) make the lag, and
+    the larger of the two is named."""
+    if audio - elapsed > elapsed - fed:
+        why = (
+            f"the client sent audio faster than real time ({client_seconds:.1f} s of audio in "
+            f"{elapsed:.1f} s); send it at real time"
+        )
+    else:
+        why = "the machine is slower than real time"
+    return f"the model is {lag:.1f} s behind the audio (the bound is {bound:g} s): {why}"
+
+
 class Channel:
     """One WebSocket's queues and tasks around ``protocol`` (subclasses add the driver)."""
 

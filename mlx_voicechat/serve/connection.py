@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -69,21 +69,16 @@ class Conversation(Channel):
             self.fail("lag_exceeded", self._lag_message(), CLOSE_TRY_AGAIN)
 
     def _lag_message(self) -> str:
-        """Which side is behind: the lag is the client's audio ahead of the wall clock plus
-        the model's frames behind it."""
+        """Which side is behind, counted from the session's start (the clock feeds silence at
+        real time, so the input keeps up with the wall clock while the client is quiet)."""
         elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
-        ahead = self.position / MODEL_INPUT_RATE - elapsed  # the client's audio past real time
-        behind = elapsed - self.consumed / MODEL_INPUT_RATE  # the model's input behind it
-        if ahead > behind:
-            why = (
-                f"the client sent audio faster than real time ({self.client_seconds:.1f} s of "
-                f"audio in {elapsed:.1f} s); send it at real time"
-            )
-        else:
-            why = "the machine is slower than real time"
-        return (
-            f"the model is {self.lag_seconds:.1f} s behind the audio (the bound is "
-            f"{self.server.max_lag_seconds:g} s): {why}"
+        return lag_message(
+            self.lag_seconds,
+            self.server.max_lag_seconds,
+            self.position / MODEL_INPUT_RATE,
+            elapsed,
+            self.consumed / MODEL_INPUT_RATE,
+            self.client_seconds,
         )
 
     def command(self, c) -> None:
@@ -195,31 +190,40 @@ class Conversation(Channel):
                     await worker.run(self.session.cancel)
                 continue
             if self.drain is not None and not self._client_audio_waiting():
-                await self._drain_step()
+                await self._job(self._drain_step())
                 continue
             if self.drain is not None:
                 self._end_drain()
             c = self.inbox.popleft()
-            try:
-                if isinstance(c, Start):
-                    if await self._prompt_too_long(c):
-                        continue
-                    await worker.run(self._open, c.instructions, c.tools)
-                elif isinstance(c, ToolResult):
-                    await self._tool_result(c)
-                elif isinstance(c, Append):
-                    samples = self._frames_of(self._take_audio(c))
-                    if samples.size:
-                        await self._feed(samples)
-            except VoiceChatError as e:
-                self.fail("session_error", str(e), CLOSE_POLICY)
-                continue
-            except Exception as e:
-                log.exception("session job failed")
-                self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
-                continue
-            if isinstance(c, Commit):
+            if await self._job(self._execute(c, worker)) and isinstance(c, Commit):
                 self.drain = {"fed": 0, "done": self.protocol.responses_done}
+
+    async def _job(self, job) -> bool:
+        """Await one job of the driver; False when it failed and ended the connection: the
+        session's own error as ``session_error`` (1008), anything else as a bug,
+        ``server_error`` (1011, its traceback in the log)."""
+        try:
+            await job
+        except VoiceChatError as e:
+            self.fail("session_error", str(e), CLOSE_POLICY)
+            return False
+        except Exception as e:
+            log.exception("session job failed")
+            self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+            return False
+        return True
+
+    async def _execute(self, c, worker) -> None:
+        """One client command (a commit's trailing silence is the driver's drain)."""
+        if isinstance(c, Start):
+            if not await self._prompt_too_long(c):
+                await worker.run(self._open, c.instructions, c.tools)
+        elif isinstance(c, ToolResult):
+            await self._tool_result(c)
+        elif isinstance(c, Append):
+            samples = self._frames_of(self._take_audio(c))
+            if samples.size:
+                await self._feed(samples)
 
     def _open(self, instructions, tools=()) -> None:  # on the worker
         self.session = self.server.open_session(instructions, tools)

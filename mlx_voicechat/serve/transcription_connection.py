@@ -12,11 +12,12 @@ real time.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import List, Optional
 
 from ..errors import VoiceChatError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
 from .connection import Conversation
 from .transcription import TranscriptionRealtime, is_transcription_update
 from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
@@ -87,6 +88,9 @@ class TranscriptionConversation(Channel):
         self.position = 0  # 16 kHz samples received
         self.consumed = 0  # 16 kHz samples fed
         self.item_start = 0  # position where the current item began
+        # (wall clock, position) when audio last arrived with none waiting or being fed: the
+        # lag's sides are judged from there (no silence is fed, so a client may pause)
+        self.backlog_since = (time.monotonic(), 0)
 
     # -- plumbing --
 
@@ -99,15 +103,10 @@ class TranscriptionConversation(Channel):
         self.send(events)
         for c in commands:
             if isinstance(c, Append):
+                if self.position == self.consumed:
+                    self.backlog_since = (time.monotonic(), self.position)
                 self.position += c.samples.size
-                lag = (self.position - self.consumed) / MODEL_INPUT_RATE
-                if lag > self.server.max_lag_seconds:
-                    self.fail(
-                        "lag_exceeded",
-                        f"the model is {lag:.1f} s behind the audio (the bound is "
-                        f"{self.server.max_lag_seconds:g} s)",
-                        CLOSE_TRY_AGAIN,
-                    )
+                if self.check_lag():
                     return
             elif isinstance(c, Clear):
                 dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
@@ -115,6 +114,21 @@ class TranscriptionConversation(Channel):
                 self.position -= dropped
             self.inbox.append(c)
         self.wake.set()
+
+    def check_lag(self) -> bool:
+        """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, saying
+        which side is behind (True)."""
+        lag = (self.position - self.consumed) / MODEL_INPUT_RATE
+        if lag <= self.server.max_lag_seconds:
+            return False
+        t0, start = self.backlog_since
+        audio = (self.position - start) / MODEL_INPUT_RATE
+        fed = (self.consumed - start) / MODEL_INPUT_RATE
+        why = lag_message(
+            lag, self.server.max_lag_seconds, audio, time.monotonic() - t0, fed, audio
+        )
+        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+        return True
 
     # -- the tasks --
 

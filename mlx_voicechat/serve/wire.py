@@ -123,8 +123,18 @@ def decode_pcm16(audio: Any) -> np.ndarray:
 
 
 def encode_pcm16(samples: np.ndarray) -> str:
-    """float32 -> base64 PCM16 LE mono (clipped, rounded)."""
-    pcm = np.clip(np.rint(np.asarray(samples, np.float64) * 32767.0), -32768, 32767)
+    """float32 -> base64 PCM16 LE mono: ``x * 32767`` rounded to the nearest integer (halves
+    to even), then clipped to [-32768, 32767].
+
+    NaN and infinite samples raise ``ValueError``, as ``save_wav`` refuses them: the model's
+    speech is always finite, so one that is not is a bug to report (a live connection ends with
+    ``server_error``), not audio to send as silence or a full-scale click."""
+    x = np.asarray(samples, np.float64)
+    finite = np.isfinite(x)
+    if not finite.all():
+        bad = int(x.size - np.count_nonzero(finite))
+        raise ValueError(f"audio to encode as PCM16 has {bad} NaN or infinite samples of {x.size}")
+    pcm = np.clip(np.rint(x * 32767.0), -32768, 32767)
     return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
 
 
