@@ -90,7 +90,8 @@ class ReplayNoise:
 class RowNoise:
     """One source per row of a batch of conversations: a draw of shape ``[B, ...]`` is each
     row's own source drawing ``[1, ...]``, stacked, so every conversation takes the draws it
-    takes alone. Has mlx-lm's batch protocol (rows along the list)."""
+    takes alone. Has mlx-lm's batch protocol (rows along the list; ``extract`` and ``filter``
+    share the sources, which are the rows' own)."""
 
     def __init__(self, sources: Sequence[NoiseSource]):
         self.sources = list(sources)
@@ -112,14 +113,35 @@ class RowNoise:
     # -- the batch protocol ------------------------------------------------------------------
 
     @property
+    def batch_size(self) -> int:
+        return len(self.sources)
+
+    @property
     def state(self):
+        """Each row's key (None for a source without one, such as :class:`ReplayNoise`)."""
         return [getattr(s, "key", None) for s in self.sources]
+
+    @state.setter
+    def state(self, v):
+        for s, key in zip(self.sources, v):
+            if key is not None:
+                s.key = key
+
+    @property
+    def meta_state(self):
+        """Each row's kind of source (its class name)."""
+        return [type(s).__name__ for s in self.sources]
+
+    @meta_state.setter
+    def meta_state(self, v):
+        if list(v) != self.meta_state:
+            raise ValueError(f"noise sources {self.meta_state} cannot take the state of {list(v)}")
 
     def filter(self, batch_indices) -> None:
         self.sources = [self.sources[int(i)] for i in batch_indices]
 
     def extend(self, other: "RowNoise") -> None:
-        self.sources += other.sources
+        self.sources = self.sources + other.sources
 
     def extract(self, idx: int) -> "RowNoise":
         return RowNoise([self.sources[idx]])

@@ -92,12 +92,10 @@ class Recognizer(RecognizerNetwork):
         prompt; by default the model detects the language and the result's ``language`` is
         the ``<xx-XX>`` tag it emitted. ``edge``: ``"nemo"`` (NeMo's and Transformers' end of
         clip) or ``"mlx-audio"`` (what mlx-audio's ``generate`` computes there)."""
-        from .nets.layout import use_cpu_layout
         from .runtime.asr import transcribe
         from .runtime.threads import note_mlx_thread
 
         note_mlx_thread()
-        use_cpu_layout(self)
         check_edge(edge)
         pid, name = self.resolve_prompt(language, prompt_id)
         many = isinstance(audio, (list, tuple))

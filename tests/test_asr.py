@@ -109,6 +109,23 @@ def test_bf16_and_8bit(ckpts):
         )
 
 
+def test_cpu_layout_comes_with_load_only(ckpts, asr):
+    """The float weights' CPU layout (nets/layout.py) is applied by load; a lazily loaded
+    recognizer keeps the checkpoint's layout through transcribe and sessions (as a lazy
+    VoiceChat model does), and hears the same tokens."""
+    from mlx_voicechat.nets.layout import on_cpu
+
+    assert getattr(asr, "_cpu_layout_done", False) == on_cpu()
+    lazy = load(ckpts["mlx-audio"], lazy=True)
+    x = noise(20000, 4)
+    a, b = asr.transcribe(x), lazy.transcribe(x)
+    live = lazy.session()
+    live.feed(x)
+    live.finish()
+    assert not getattr(lazy, "_cpu_layout_done", False)
+    assert a.tokens == b.tokens and a.text == b.text
+
+
 def test_info_describes_a_recognizer(ckpts, capsys):
     assert main(["info", str(ckpts["8bit"])]) == 0
     out = capsys.readouterr().out

@@ -2,9 +2,11 @@
 medium scale (random weights), for a batch of rows that each match the row alone.
 
 The anchors are the installed mlx-lm / mlx-audio modules (or, where the fast path replaces
-our own general path, that path); ``fastpaths.CHECKED_AGAINST`` names the versions."""
+our own general path, that path); ``fastpaths.CHECKED_AGAINST`` names the versions they were
+checked against, and pyproject.toml bounds each to that version's minor series."""
 
 import importlib.metadata
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,6 +14,9 @@ import numpy as np
 import pytest
 from fastpath_utils import set_fastpath
 from mlx_lm.models.cache import ArraysCache
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from mlx_voicechat.nemotron_voicechat import Model
 from mlx_voicechat.nets import fastpaths, heads
@@ -42,15 +47,44 @@ def medium():
     return model
 
 
-def test_every_fast_path_is_covered_and_the_anchors_are_the_installed_ones():
+def test_every_fast_path_is_covered():
     tested = {
         "llm.step", "llm.row_attention", "tts.backbone_step", "tts.sampling", "encoder.frame",
         "codec.step", "heads.split", "rnnt.frame",
         "asr.chunk",  # tests/test_asr_session.py: compiled chunk against op by op, bit for bit
     }
     assert set(fastpaths.PATHS) == tested
-    for package, version in fastpaths.CHECKED_AGAINST.items():
-        assert importlib.metadata.version(package) == version, package
+
+
+def _pyproject_bounds():
+    """pyproject.toml's requirements on the packages of ``CHECKED_AGAINST``, every one of them
+    (a package may be listed per platform and per extra): name -> [specifiers]."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    project = tomllib.loads(text)["project"]
+    lines = project["dependencies"] + [r for rs in project["optional-dependencies"].values() for r in rs]
+    bounds = {}
+    for req in map(Requirement, lines):
+        if req.name in fastpaths.CHECKED_AGAINST:
+            bounds.setdefault(req.name, []).append(req.specifier)
+    return bounds
+
+
+def test_the_installed_anchors_are_in_the_checked_minor_series():
+    """The policy of ``nets/fastpaths.py``: each anchor package is required from the version
+    checked up to the next minor release, and the installed one lies in that range."""
+    bounds = _pyproject_bounds()
+    assert set(bounds) == set(fastpaths.CHECKED_AGAINST)
+    for package, checked in fastpaths.CHECKED_AGAINST.items():
+        v = Version(checked)
+        series = SpecifierSet(f">={checked},<{v.major}.{v.minor + 1}")
+        for spec in bounds[package]:
+            assert spec == series, f"pyproject.toml requires {package}{spec}, not {package}{series}"
+        installed = importlib.metadata.version(package)
+        assert series.contains(installed, prereleases=True), (package, installed, str(series))
 
 
 def test_llm_step_and_row_attention_equal_mlx_lm_per_row(medium, monkeypatch):

@@ -179,7 +179,7 @@ def test_negative_extra_decoding_seconds(tiny, tiny_checkpoints, question, tmp_p
         ],
         capsys,
     )
-    assert "--extra-decoding-seconds must be >= 0" in err
+    assert "--extra-decoding-seconds must be a finite number >= 0, got -1.0" in err
 
 
 def test_prompt_longer_than_context(tiny, question):

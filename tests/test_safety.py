@@ -458,7 +458,7 @@ def test_bad_seed_api(tiny, seed):
 @pytest.mark.parametrize("seed", ["-1", "18446744073709551616"])
 def test_bad_seed_cli(seed, ckpt, question, tmp_path, capsys):
     args = _generate_args(ckpt, question, tmp_path / "r.wav", "--seed", seed)
-    _one_line_error(*_cli(args, capsys)[::2], "--seed must be from 0 to 2**64 - 1")
+    _one_line_error(*_cli(args, capsys)[::2], "--seed must be an integer from 0 to 2**64 - 1")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -484,7 +484,8 @@ def test_huge_extra_decoding_seconds_is_bounded_before_allocating(tiny, ckpt, qu
         tiny.generate(_wave(), extra_decoding_seconds=1e9)
     args = _generate_args(ckpt, question, tmp_path / "r.wav")
     args[-1] = "1e9"
-    _one_line_error(*_cli(args, capsys)[::2], "longer than the LLM's whole context")
+    _one_line_error(*_cli(args, capsys)[::2], "extra_decoding_seconds (1e+09 s)",
+                    "the LLM's context is 4096")
     assert runs == []
     assert not (tmp_path / "r.wav").exists()
 

@@ -70,17 +70,12 @@ class _Progress:
 def run(args) -> int:
     from .. import load
     from ..runtime.audio import check_output, load_audio
-    from ..errors import GenerationError
-    from ..runtime.request import check_seed
+    from ..runtime.request import check_extra_seconds, check_seed
 
-    if not args.extra_decoding_seconds >= 0 or args.extra_decoding_seconds == float("inf"):
-        raise GenerationError(
-            f"--extra-decoding-seconds must be >= 0 and finite, got {args.extra_decoding_seconds}"
-        )
-    try:
-        check_seed(args.seed)
-    except GenerationError:
-        raise GenerationError(f"--seed must be from 0 to 2**64 - 1, got {args.seed}") from None
+    # The request's own checks, under the flags' names; whether the audio and its trailing
+    # silence fit in the LLM's context, generate() checks before it makes the silence.
+    check_extra_seconds(args.extra_decoding_seconds, "--extra-decoding-seconds")
+    check_seed(args.seed, "--seed")
     # Everything that can refuse the output is checked before the model loads.
     out = Path(args.output_audio)
     check_output(out, inputs=[args.audio])
@@ -97,12 +92,6 @@ def run(args) -> int:
     from ..recognizer import require_voicechat
 
     require_voicechat(model, "generate")
-    limit = model.config.text_args.max_position_embeddings
-    if args.extra_decoding_seconds > limit * model.config.frame_duration:
-        raise GenerationError(
-            f"--extra-decoding-seconds {args.extra_decoding_seconds:g} is longer than the LLM's "
-            f"whole context ({limit} frames, {limit * model.config.frame_duration:g} s)"
-        )
     progress = _Progress(not args.quiet)
     try:
         result = model.generate(

@@ -2,9 +2,12 @@
 
 Every conversation's state is a tree of caches (``runtime.framestate``); a batch of
 conversations is the same tree with one row per conversation, and each cache offers what
-mlx-lm's caches offer for that (``state`` / ``meta_state`` for snapshots, ``filter``,
-``extend``, ``extract``, ``merge``). Fixed-size state (Mamba, LSTM, codec and flag arrays) is
-kept as mlx-lm's :class:`ArraysCache` with one row per conversation along axis 0.
+mlx-lm's caches offer for that (``state`` for snapshots, ``filter``, ``extend``, ``extract``,
+``merge``; ours also ``meta_state``, the non-array part of a snapshot, which mlx-lm 0.32's own
+caches carry in ``state``). Fixed-size state (Mamba, LSTM and flag arrays) is kept as mlx-lm's
+:class:`ArraysCache` with one row per conversation along axis 0; the codec's decode state
+(``nets.codec_step``), the noise sources (``noise.RowNoise``) and the encoder's context
+(``nets.encoder``) are caches of ours with the same protocol.
 
 State that grows with the conversation (attention keys / values) is :class:`RowCaches`: each
 row keeps its own mlx-lm cache, exactly as a conversation alone keeps it, and attention runs
@@ -84,6 +87,12 @@ class RowCaches(_BaseCache):
     def meta_state(self):
         return [getattr(c, "meta_state", "") for c in self.rows]
 
+    @meta_state.setter
+    def meta_state(self, v):
+        for c, m in zip(self.rows, v):
+            if hasattr(c, "meta_state"):
+                c.meta_state = m
+
     def filter(self, batch_indices) -> None:
         self.rows = [self.rows[int(i)] for i in _indices(batch_indices)]
 
@@ -119,6 +128,14 @@ def arrays_cache(*arrays: mx.array) -> ArraysCache:
     c = ArraysCache(len(arrays))
     c.cache = list(arrays)
     return c
+
+
+def merge_rows(caches: Sequence[Any]) -> Any:
+    """``type(caches[0]).merge`` of caches of any number of rows: mlx-lm's ``merge`` takes
+    caches of one row each, so a cache of several rows is split by its ``extract`` first."""
+    if any(c.batch_size != 1 for c in caches):
+        caches = [c.extract(i) for c in caches for i in range(c.batch_size)]
+    return type(caches[0]).merge(list(caches))
 
 
 def take_rows(cache: Any, idx: Sequence[int]) -> Any:

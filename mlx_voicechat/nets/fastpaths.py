@@ -12,6 +12,14 @@ Each entry has one switch (:func:`disabled` turns it off, for a test or to debug
 it applies; the code that takes it calls :func:`enabled` with its name. The compiled ones read
 their weights as constants of the trace and are rebuilt when the weights change (see
 :mod:`.version`).
+
+Versions: :data:`CHECKED_AGAINST` names the mlx, mlx-lm and mlx-audio releases every entry was
+checked against, and pyproject.toml requires each from that release up to the next minor one
+(mlx ``>=0.32.4,<0.33``): a patch release of the series is taken to keep the module code the
+fast paths restate and mlx's CPU kernels, on which the bit-exact claims rest, and
+``tests/test_fastpaths.py``, run against whatever is installed, is what catches one that does
+not. A new minor series is checked by that test first; then this table and the bounds move
+together (the test holds the bounds to the table and the installed versions to the bounds).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterator
 
-#: The installed versions the anchors were checked against (bounded in pyproject.toml).
+#: The versions the anchors were checked against; pyproject.toml admits each one's minor series.
 CHECKED_AGAINST = {"mlx": "0.32.4", "mlx-lm": "0.32.2", "mlx-audio": "0.6.2"}
 
 

@@ -25,7 +25,6 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import SessionError
-from ..nets.caches import take_rows
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
 from .framestate import NO_ID, FrameState, open_live, open_state
@@ -363,8 +362,6 @@ class SessionBatch:
     def _remainder(self, h: SessionHandle) -> FrameEvent:
         h._remainder = False
         h._finished = "finished"
-        codec_cache = self._state.codec if h.joined else h.state.codec
-        if h.joined:
-            codec_cache = take_rows(codec_cache, [self._rows.index(h)])
-        tail = self.model.tts_model.audio_codec.decode_flush(codec_cache)[0].astype(mx.float32)
+        codec = self._state.codec.extract(self._rows.index(h)) if h.joined else h.state.codec
+        tail = self.model.tts_model.audio_codec.decode_flush(codec)[0].astype(mx.float32)
         return h.book.remainder(h.frames - 1, read(mx.view(tail, mx.int32)).view(np.float32))

@@ -1,28 +1,32 @@
 """What conversations carry from one 80 ms frame to the next: the frame state.
 
 A :class:`FrameState` is a tree of caches with one row per conversation, each with mlx-lm's
-cache protocol (``state``, ``meta_state``, ``filter``, ``extend``, ``extract``, ``merge``; see
-:mod:`mlx_voicechat.nets.caches`): the LLM's (mlx-lm's own: Mamba states stacked, attention
-rows side by side), the TTS backbone's, the previous ids and code frame, the barge-in and
-forced-id flags, the noise sources, and for a live conversation the encoder's context, the
-RNNT's prediction state and the codec's decode state. :func:`open_state` makes one
-conversation's (a single row); :meth:`FrameState.merge` stacks several into a batch, which
-:meth:`FrameState.extract` / :meth:`FrameState.filter` split again, bit for bit.
+cache protocol (``state``, ``filter``, ``extend``, ``extract``, ``merge``; ours also
+``meta_state``; see :mod:`mlx_voicechat.nets.caches`): the LLM's (mlx-lm's own: Mamba states
+stacked, attention rows side by side), the TTS backbone's, the previous ids and code frame, the
+barge-in and forced-id flags, the noise sources, and for a live conversation the encoder's
+context, the RNNT's prediction state and the codec's decode state. Batch operations walk the
+tree and call each cache's own method: :meth:`FrameState.merge` stacks conversations into a
+batch, :meth:`FrameState.extract` / :meth:`FrameState.filter` split it again and
+:meth:`FrameState.extend` adds to it, bit for bit. :func:`open_state` makes one
+conversation's (a single row).
 
 The one step that advances it is :func:`mlx_voicechat.runtime.step.step`.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import ArraysCache
 
-from ..nets.caches import RowCaches, arrays_cache, cache_arrays, put_rows, take_rows
+from ..nets.caches import RowCaches, arrays_cache, cache_arrays, merge_rows, put_rows, take_rows
 from ..nets.version import Memo
 from ..noise import KeyNoise, NoiseSource, RowNoise
 from .request import Request
@@ -31,6 +35,12 @@ from .threads import note_mlx_thread
 NO_ID = -1  # a forced-id flag that forces nothing
 _SNAPSHOTS_MAX = 4
 _snapshot_lock = threading.Lock()
+
+
+def _cache(required: bool = False):
+    """A field of the tree of caches (a cache, a list of caches, or None where absent)."""
+    meta = {"cache": True}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
 
 
 @dataclass
@@ -43,16 +53,16 @@ class FrameState:
     (:data:`NO_ID`: the head's). ``position``: each row's next timeline position. ``prefix``:
     a fresh conversation's prompt rows ``[1, P, H]``, prefilled with its first frame."""
 
-    llm: List[Any]
-    tts: List[RowCaches]
-    ids: ArraysCache
-    flags: ArraysCache
-    noise: RowNoise
+    llm: List[Any] = _cache(required=True)
+    tts: List[RowCaches] = _cache(required=True)
+    ids: ArraysCache = _cache(required=True)
+    flags: ArraysCache = _cache(required=True)
+    noise: RowNoise = _cache(required=True)
     position: List[int]
     prefix: Optional[mx.array] = None
-    encoder: Optional[RowCaches] = None
-    rnnt: Optional[ArraysCache] = None
-    codec: Optional[Any] = None
+    encoder: Optional[RowCaches] = _cache()
+    rnnt: Optional[ArraysCache] = _cache()
+    codec: Optional[Any] = _cache()
     frames: List[int] = field(default_factory=list)  # audio frames each row has run
 
     @property
@@ -61,10 +71,22 @@ class FrameState:
 
     # -- the tree ----------------------------------------------------------------------------
 
+    def tree(self) -> Dict[str, Any]:
+        """The caches by field: a cache, a list of them (the LLM's and the TTS's layers), or
+        None (what a conversation that is not live lacks)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("cache")}
+
     def caches(self) -> List[Any]:
         """Every cache of the tree, in a fixed order."""
-        out = list(self.llm) + list(self.tts) + [self.ids, self.flags, self.noise]
-        return out + [c for c in (self.encoder, self.rnnt, self.codec) if c is not None]
+        return [c for _, c in tree_flatten(self.tree()) if c is not None]
+
+    def _map(self, fn: Callable, *others: "FrameState") -> Dict[str, Any]:
+        """``fn`` of each cache (and the caches at the same place in ``others``), by field."""
+
+        def each(c, *o):
+            return None if c is None else fn(c, *o)
+
+        return tree_map(each, self.tree(), *(s.tree() for s in others))
 
     @property
     def state(self) -> list:
@@ -88,10 +110,60 @@ class FrameState:
         if arrays:
             mx.async_eval(*arrays)
 
-    # -- rows --------------------------------------------------------------------------------
+    def copy(self) -> "FrameState":
+        """A state of its own over the same arrays, as mlx-lm's prompt cache copies its
+        snapshots (``copy.deepcopy``: new cache objects holding new array objects that share
+        the data). mlx-lm's caches update their arrays by slice assignment, which changes the
+        array object it is called on, so a copy that shared them would write through."""
+        return copy.deepcopy(self)
 
-    def _parts(self) -> List[str]:
-        return [n for n in ("ids", "flags", "noise", "encoder", "rnnt", "codec") if getattr(self, n) is not None]
+    # -- rows: mlx-lm's batch protocol, cache by cache ---------------------------------------
+
+    def _check_started(self) -> None:
+        if self.prefix is not None or 0 in self.position:
+            raise ValueError("a conversation joins a batch after its first frame")
+
+    def filter(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep`` only (a conversation leaves)."""
+        keep = [int(i) for i in keep]
+        for c in self.caches():
+            c.filter(keep)
+        self.position = [self.position[i] for i in keep]
+        self.frames = [self.frames[i] for i in keep]
+
+    def extract(self, i: int) -> "FrameState":
+        """Row ``i`` as a state of its own, from each cache's ``extract`` (arrays sliced; the
+        row caches of growing state, the noise source, shared). After the first frame."""
+        self._check_started()
+        return FrameState(
+            **self._map(lambda c: c.extract(i)),
+            position=[self.position[i]],
+            frames=[self.frames[i]],
+        )
+
+    def extend(self, other: "FrameState") -> None:
+        """Append ``other``'s rows, each cache with its own ``extend`` (a conversation joins
+        after its first frame)."""
+        self._check_started()
+        other._check_started()
+        self._map(lambda c, o: c.extend(o), other)
+        self.position = self.position + other.position
+        self.frames = self.frames + other.frames
+
+    @classmethod
+    def merge(cls, states: Sequence["FrameState"]) -> "FrameState":
+        """The rows of ``states`` as one batch, each cache from its kind's ``merge``; each
+        state must have run its first frame."""
+        for s in states:
+            s._check_started()
+        first, rest = states[0], states[1:]
+        return cls(
+            **first._map(lambda *cs: merge_rows(cs), *rest),
+            position=[p for s in states for p in s.position],
+            frames=[f for s in states for f in s.frames],
+        )
+
+    # -- rounds in which only some rows have a frame -----------------------------------------
 
     def take(self, idx: Sequence[int]) -> "FrameState":
         """A state of rows ``idx`` (arrays gathered; row caches and sources shared). After a
@@ -99,97 +171,21 @@ class FrameState:
         idx = list(idx)
         if idx == list(range(self.rows)):
             return self
-        part = FrameState(
-            llm=[take_rows(c, idx) for c in self.llm],
-            tts=[take_rows(c, idx) for c in self.tts],
-            ids=take_rows(self.ids, idx),
-            flags=take_rows(self.flags, idx),
-            noise=take_rows(self.noise, idx),
+        return FrameState(
+            **self._map(lambda c: take_rows(c, idx)),
             position=[self.position[i] for i in idx],
             frames=[self.frames[i] for i in idx],
         )
-        for name in ("encoder", "rnnt", "codec"):
-            c = getattr(self, name)
-            if c is not None:
-                setattr(part, name, take_rows(c, idx))
-        return part
 
     def put(self, idx: Sequence[int], part: "FrameState") -> None:
+        """Write ``part`` (what :meth:`take` gave, advanced) back into rows ``idx``."""
         idx = list(idx)
         if part is self:
             return
-        for full, p in zip(self.llm, part.llm):
-            put_rows(full, idx, p)
-        for full, p in zip(self.tts, part.tts):
-            put_rows(full, idx, p)
-        for name in self._parts():
-            put_rows(getattr(self, name), idx, getattr(part, name))
+        self._map(lambda c, p: put_rows(c, idx, p), part)
         for j, i in enumerate(idx):
             self.position[i] = part.position[j]
             self.frames[i] = part.frames[j]
-
-    def filter(self, keep: Sequence[int]) -> None:
-        """Keep rows ``keep`` only (a conversation leaves)."""
-        keep = [int(i) for i in keep]
-        for c in self.llm + self.tts:
-            c.filter(keep)
-        for name in self._parts():
-            getattr(self, name).filter(keep)
-        self.position = [self.position[i] for i in keep]
-        self.frames = [self.frames[i] for i in keep]
-
-    def extract(self, i: int) -> "FrameState":
-        """Row ``i`` as a state of its own (arrays sliced, row caches shared)."""
-        return _shallow(self) if self.rows == 1 else self.take([i])
-
-    def extend(self, other: "FrameState") -> None:
-        """Append ``other``'s rows (a conversation joins after its first frame)."""
-        merged = FrameState.merge([self, other])
-        for name in ("llm", "tts", "ids", "flags", "noise", "encoder", "rnnt", "codec", "position", "frames"):
-            setattr(self, name, getattr(merged, name))
-
-    @classmethod
-    def merge(cls, states: Sequence["FrameState"]) -> "FrameState":
-        """The rows of ``states`` as one batch; each must have run its first frame."""
-        if any(s.prefix is not None or 0 in s.position for s in states):
-            raise ValueError("a conversation joins a batch after its first frame")
-        first = states[0]
-
-        def merged(pick):
-            caches = [pick(s) for s in states]
-            return type(caches[0]).merge(caches) if caches[0] is not None else None
-
-        llm = [
-            RowCaches.merge(parts) if isinstance(parts[0], RowCaches) else _merge_arrays(parts)
-            for parts in ([s.llm[j] for s in states] for j in range(len(first.llm)))
-        ]
-        tts = [RowCaches.merge([s.tts[j] for s in states]) for j in range(len(first.tts))]
-        return cls(
-            llm=llm,
-            tts=tts,
-            ids=_merge_arrays([s.ids for s in states]),
-            flags=_merge_arrays([s.flags for s in states]),
-            noise=RowNoise.merge([s.noise for s in states]),
-            position=[p for s in states for p in s.position],
-            frames=[f for s in states for f in s.frames],
-            encoder=merged(lambda s: s.encoder),
-            rnnt=None if first.rnnt is None else _merge_arrays([s.rnnt for s in states]),
-            codec=merged(lambda s: s.codec),
-        )
-
-
-def _shallow(state: FrameState) -> FrameState:
-    return FrameState(
-        llm=list(state.llm), tts=list(state.tts), ids=state.ids, flags=state.flags,
-        noise=state.noise, position=list(state.position), prefix=state.prefix,
-        encoder=state.encoder, rnnt=state.rnnt, codec=state.codec, frames=list(state.frames),
-    )
-
-
-def _merge_arrays(caches: Sequence[ArraysCache]) -> ArraysCache:
-    """Rows of :class:`ArraysCache` s of any number of rows, stacked (mlx-lm's
-    ``ArraysCache.merge`` takes caches of one row each)."""
-    return arrays_cache(*[mx.concatenate(parts, axis=0) for parts in zip(*(c.cache for c in caches))])
 
 
 # --- one conversation's state -------------------------------------------------------------
@@ -262,25 +258,6 @@ def start_state(model, request: Request, noise: NoiseSource, progress=None) -> F
     )
 
 
-def _copy_tts(rows: List[RowCaches]) -> List[RowCaches]:
-    """New cache objects over the same (immutable) arrays: mlx-lm caches update their arrays
-    by slice assignment, which rebinds the array object it is called on, so each copy gets
-    array objects of its own and a snapshot is never written through."""
-    out = []
-    for rc in rows:
-        copies = []
-        for c in rc.rows:
-            new = c.__class__.__new__(c.__class__)
-            new.__dict__.update(c.__dict__)
-            for name in ("keys", "values"):
-                a = getattr(c, name, None)
-                if isinstance(a, mx.array):
-                    setattr(new, name, mx.array(a))
-            copies.append(new)
-        out.append(RowCaches(copies))
-    return out
-
-
 def open_state(model, request: Request, progress=None) -> FrameState:
     """A conversation's state after its prompt. With the default (seeded) noise it depends
     only on (weights, prompt, seed): it is kept, and later conversations start from a copy."""
@@ -299,18 +276,7 @@ def open_state(model, request: Request, progress=None) -> FrameState:
             memo[key] = snap
             while len(memo) > _SNAPSHOTS_MAX:
                 memo.popitem(last=False)
-    noise = KeyNoise.__new__(KeyNoise)
-    noise.key = snap.noise.sources[0].key
-    return FrameState(
-        llm=model.stt_model.llm.make_cache(),
-        tts=_copy_tts(snap.tts),
-        ids=arrays_cache(*snap.ids.cache),
-        flags=arrays_cache(*snap.flags.cache),
-        noise=RowNoise([noise]),
-        position=list(snap.position),
-        prefix=snap.prefix,
-        frames=[0],
-    )
+    return snap.copy()
 
 
 def open_live(model, state: FrameState) -> FrameState:

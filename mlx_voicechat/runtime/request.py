@@ -53,22 +53,25 @@ class Request:
             )
 
 
-def check_seed(seed) -> int:
-    """``seed`` as an int, or a RequestError for anything MLX cannot key with."""
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int, or a RequestError for anything MLX cannot key with (``name``: what
+    the caller calls it, e.g. the CLI's ``--seed``)."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
-        raise RequestError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
+        raise RequestError(f"{name} must be an integer from 0 to 2**64 - 1, got {seed!r}")
     return int(seed)
 
 
-def check_extra_seconds(seconds) -> float:
-    """``extra_decoding_seconds`` as a float, or a RequestError."""
+def check_extra_seconds(seconds, name: str = "extra_decoding_seconds") -> float:
+    """``extra_decoding_seconds`` as a float, or a RequestError (``name`` as for
+    :func:`check_seed`). How much of it fits in the context is :meth:`Request.check_frames`'s
+    to say, once the audio is known."""
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, numbers.Real)
         or not math.isfinite(seconds)
         or seconds < 0
     ):
-        raise RequestError(f"extra_decoding_seconds must be a finite number >= 0, got {seconds!r}")
+        raise RequestError(f"{name} must be a finite number >= 0, got {seconds!r}")
     return float(seconds)
 
 

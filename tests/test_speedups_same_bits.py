@@ -1,5 +1,8 @@
-"""The speed paths give the same bits as the plain ones: column-major CPU weights, the LLM's
-single-token step, and the pipelined loop on two streams."""
+"""Speed-ups of a loaded (tiny) checkpoint give the plain path's bits: the CPU weight layout
+(column-major float32 weights), the LLM's and the TTS backbone's single-position steps in
+float32, bfloat16 and 4-bit and after the weights change, and the pipelined offline loop on
+two streams. (``test_fastpaths.py`` checks each entry of the fast-path registry against its
+mlx-lm / mlx-audio anchor at the medium scale.)"""
 
 import mlx.core as mx
 import mlx.nn as nn
