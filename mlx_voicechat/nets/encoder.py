@@ -394,7 +394,8 @@ class FastConformer(Versioned, nn.Module):
     def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
         """One frame of each of ``B`` streams: ``x`` ``[B, 1, D]`` (subsampled), each row on its
         own cache. Rows whose contexts are full run together (compiled); rows still filling
-        their context (their shapes differ) run one by one."""
+        their contexts run together with the rows at their offset (the same shapes), each
+        group's caches merged for the call and split again."""
         steady = [
             i for i, c in enumerate(caches)
             if self._steady(x[i : i + 1], c, None)
@@ -407,9 +408,18 @@ class FastConformer(Versioned, nn.Module):
             y, done = self._frame(xs, [caches[i] for i in steady])
             for j, i in enumerate(steady):
                 outs[i], new[i] = y[j : j + 1], done[j]
+        groups: dict = {}
         for i, c in enumerate(caches):
             if new[i] is None:
-                outs[i], new[i] = self.step(x[i : i + 1], c)
+                groups.setdefault(c.offset, []).append(i)
+        for rows in groups.values():
+            if len(rows) == 1:
+                i = rows[0]
+                outs[i], new[i] = self.step(x[i : i + 1], caches[i])
+                continue
+            y, done = self.step(x[mx.array(rows)], EncoderCache.merge([caches[i] for i in rows]))
+            for j, i in enumerate(rows):
+                outs[i], new[i] = y[j : j + 1], done.extract(j)
         y = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         return y, new
 
