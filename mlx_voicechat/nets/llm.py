@@ -100,13 +100,18 @@ def row_attention(block: NemotronHBlock, x: mx.array, cache: RowCaches) -> mx.ar
     q = attn.q_proj(h).reshape(B, L, attn.num_heads, -1).transpose(0, 2, 1, 3)
     k = attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
     v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    outs = []
-    for b, c in enumerate(cache.rows):
-        keys, values = c.update_and_fetch(k[b : b + 1], v[b : b + 1])
-        outs.append(
-            scaled_dot_product_attention(q[b : b + 1], keys, values, cache=c, scale=attn.scale, mask=None)
-        )
-    o = outs[0] if B == 1 else mx.concatenate(outs, axis=0)
+    if B == 1:  # one row: the whole batch
+        c = cache.rows[0]
+        keys, values = c.update_and_fetch(k, v)
+        o = scaled_dot_product_attention(q, keys, values, cache=c, scale=attn.scale, mask=None)
+    else:
+        outs = []
+        for b, c in enumerate(cache.rows):
+            keys, values = c.update_and_fetch(k[b : b + 1], v[b : b + 1])
+            outs.append(
+                scaled_dot_product_attention(q[b : b + 1], keys, values, cache=c, scale=attn.scale, mask=None)
+            )
+        o = mx.concatenate(outs, axis=0)
     return x + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

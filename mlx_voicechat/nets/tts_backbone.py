@@ -171,9 +171,13 @@ class Backbone(Versioned, nn.Module):
 
 def _row_attention(attn, cache: RowCaches, q, k, v) -> mx.array:
     """Each conversation's two rows attend over that conversation's own cache."""
+    if len(cache.rows) == 1:  # one conversation: its rows are the whole batch
+        c = cache.rows[0]
+        keys, values = c.update_and_fetch(k, v)
+        return scaled_dot_product_attention(q, keys, values, cache=c, scale=attn.scale, mask=None)
     outs = []
     for b, c in enumerate(cache.rows):
         rows = slice(2 * b, 2 * b + 2)
         keys, values = c.update_and_fetch(k[rows], v[rows])
         outs.append(scaled_dot_product_attention(q[rows], keys, values, cache=c, scale=attn.scale, mask=None))
-    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+    return mx.concatenate(outs, axis=0)
