@@ -11,13 +11,15 @@ its own ``--seconds`` input in 80 ms chunks:
 - ``batch``: ``model.session_batch(N)``, every conversation pushing its chunk, then one
   ``batch.step()`` per 80 ms of input (one batched forward for all N);
 - ``in turn``: N ``model.session()``, each fed its chunk one after the other (what a server
-  that steps its sessions one by one does).
+  that steps its sessions one by one does), round by round in the same loop as the batch.
 
 Printed per N: aggregate frames / s (N frames per round over the round's time, from the
 second round), the batch's per-round p50 / p95, its speed against N = 1 and its time against
 the same N in turn; the stall a conversation joining mid-run and one leaving cause the others
-(the round's time over the median round, in frames); memory per conversation (MLX's active
-memory after the run over N).
+(the round's time over the median round, in frames): the first join makes the batch's first
+round of N + 1 rows (its compiled steps are traced for that size, once per process), a second
+join later finds them traced; memory per conversation (MLX's active memory after the run over
+N).
 """
 
 from __future__ import annotations
@@ -79,54 +81,62 @@ def worker(args) -> dict:
     s.close()
     for n in sizes:
         res = {}
-        # -- batched ----------------------------------------------------------------------
+        # The batch and the same N sessions in turn, round by round in one loop, so that
+        # both see the machine as it is at that moment.
         mx.eval(model.parameters())
         memory0 = mx.get_active_memory()
         batch = model.session_batch(max_sessions=n + 1)
         handles = [batch.open(PROMPT, seed=i) for i in range(n)]
-        # With N > 1 one more conversation joins at a third of the run and leaves at two thirds.
-        times, join_at, leave_at, guest = [], rounds // 3, 2 * rounds // 3, None
+        sessions = [model.session(PROMPT, seed=i) for i in range(n)]
+        # With N > 1 one more conversation joins at a third of the run and leaves at two
+        # thirds (the first batch of N + 1 rows: its compiled steps are traced then), and a
+        # second one joins at five sixths and leaves at eleven twelfths (N + 1 rows again).
+        times, turn = [], []
+        visits = [(rounds // 3, 2 * rounds // 3), (5 * rounds // 6, 11 * rounds // 12)]
+        joins = {a: b for a, b in visits}
+        leaves = {b for _, b in visits}
+        guest, guest_at = None, 0
         for k in range(rounds):
-            if n > 1 and k == join_at:
-                guest = batch.open(PROMPT, seed=99)
-            if guest is not None and k == leave_at:
+            if n > 1 and k in joins:
+                guest, guest_at = batch.open(PROMPT, seed=99 + k), k
+            if guest is not None and k in leaves:
                 guest.close()
                 guest = None
             for i, h in enumerate(handles):
                 h.push(waves[i][k * CHUNK : (k + 1) * CHUNK])
             if guest is not None:
-                j = k - join_at
+                j = k - guest_at
                 guest.push(waves[n][j * CHUNK : (j + 1) * CHUNK])
             t = time.perf_counter()
             batch.step()
             times.append(time.perf_counter() - t)
-        memory = (mx.get_active_memory() - memory0) / n
-        steady = [t for j, t in enumerate(times[1:], 1) if j not in (join_at, leave_at, leave_at + 1)]
+            t = time.perf_counter()
+            for i, s in enumerate(sessions):
+                s.feed(waves[i][k * CHUNK : (k + 1) * CHUNK])
+            turn.append(time.perf_counter() - t)
+        # Both sides hold N conversations of the same length.
+        memory = (mx.get_active_memory() - memory0) / (2 * n)
+        skip = {k for a, b in visits for k in (a, b, b + 1)}
+        steady = [t for j, t in enumerate(times[1:], 1) if j not in skip]
         med = statistics.median(steady)
         res["batch_round_p50_ms"] = 1000 * med
         res["batch_round_p95_ms"] = 1000 * _p(steady, 0.95)
         res["batch_frames_per_s"] = n / med
         if n > 1:
-            res["join_stall_frames"] = (times[join_at] - med) / med
-            res["leave_stall_frames"] = (max(times[leave_at], times[leave_at + 1]) - med) / med
+            (j1, _), (j2, _) = visits
+            res["join_stall_frames"] = (times[j1] - med) / med
+            res["join_again_stall_frames"] = (times[j2] - med) / med
+            res["leave_stall_frames"] = max(max(times[b], times[b + 1]) - med for _, b in visits) / med
         res["memory_mib_per_session"] = memory / 2**20
-        for h in handles:
-            h.close()
-        del batch, handles
-        # -- in turn ----------------------------------------------------------------------
-        sessions = [model.session(PROMPT, seed=i) for i in range(n)]
-        turn = []
-        for k in range(rounds):
-            t = time.perf_counter()
-            for i, s in enumerate(sessions):
-                s.feed(waves[i][k * CHUNK : (k + 1) * CHUNK])
-            turn.append(time.perf_counter() - t)
         tmed = statistics.median(turn[1:])
         res["in_turn_round_p50_ms"] = 1000 * tmed
         res["in_turn_frames_per_s"] = n / tmed
         res["batch_over_in_turn_time"] = med / tmed
+        for h in handles:
+            h.close()
         for s in sessions:
             s.close()
+        del batch, handles, sessions
         out["sizes"][str(n)] = res
         print(f"  N={n}: {res}", file=sys.stderr, flush=True)
     return out
@@ -170,8 +180,9 @@ def main(argv=None):
     print(f"### batched sessions, {args.scale} {q}, {args.seconds:g} s per conversation, "
           f"80 ms chunks, {args.device}\n")
     print("| BLAS | N | batch frames/s | vs N=1 | round p50 ms | p95 ms | in turn frames/s "
-          "| batch time / in turn | join stall | leave stall | MiB / session |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| batch time / in turn | join stall (first N+1) | join stall (again) | leave stall "
+          "| MiB / session |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for blas, r in results.items():
         if "error" in r:
             print(f"| {blas} | — | failed: {r['error']} |")
@@ -185,6 +196,7 @@ def main(argv=None):
                 f"{s['batch_round_p95_ms']:.0f} | {s['in_turn_frames_per_s']:.2f} | "
                 f"{s['batch_over_in_turn_time']:.2f} | "
                 f"{s.get('join_stall_frames', float('nan')):.2f} | "
+                f"{s.get('join_again_stall_frames', float('nan')):.2f} | "
                 f"{s.get('leave_stall_frames', float('nan')):.2f} | {s['memory_mib_per_session']:.0f} |"
             )
     print("\nTargets: OpenBLAS N=4 >= 2.2x and N=8 >= 3x the N=1 frames/s; with the wheel's BLAS "
