@@ -419,7 +419,8 @@ def test_generate_sigterm_leaves_no_file(ckpt, question, tmp_path):
 
 def test_ctrl_c_during_the_heavy_imports(ckpt):
     # SIGINT delivered while `python -m mlx_voicechat` imports MLX (the first second of any
-    # command), deterministically: an audit hook sends it when mlx.core starts importing.
+    # command), deterministically: an audit hook sends it when mlx.core starts importing. The
+    # parser imports no MLX, so that happens in the verb, which names itself.
     code = """
         import os, runpy, signal, sys
 
@@ -437,7 +438,7 @@ def test_ctrl_c_during_the_heavy_imports(ckpt):
     """
     r = _child(code, ckpt)
     assert r.returncode == 130, r.stderr
-    assert r.stderr.strip() == "mlx-voicechat: interrupted"
+    assert r.stderr.strip() == "mlx-voicechat info: interrupted"
 
 
 # --- 4, 11, 12: generation arguments ---------------------------------------------------------
