@@ -27,10 +27,12 @@ from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..config import ConfigError
 from ..config.asr import ASRConfig
-from . import fastpaths
+from . import conv_products, fastpaths
+from .layout import on_cpu
 from .version import Memo, Versioned
 from .encoder import (
     NEG_INF,
@@ -45,8 +47,23 @@ from .rnnt import RNNTDecoder, RNNTJoint
 EDGES = ("nemo", "mlx-audio")
 # Encoder frames per chunk of the offline encoder (rounded up to whole lookahead chunks).
 OFFLINE_CHUNK_FRAMES = 256
+# Mel bins per product of the banded filterbank (``asr.mel``).
+MEL_GROUP = 8
 # Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
 MEL_BLOCK_FRAMES = 4096
+
+
+def _bands(fb: np.ndarray, group: int = MEL_GROUP):
+    """The filterbank ``fb`` [bins, n_mels] cut into groups of ``group`` mel bins, each with
+    the span of FFT bins where its weights are nonzero: ``[(first bin, end bin, weights)]``."""
+    nonzero = fb != 0
+    out = []
+    for m0 in range(0, fb.shape[1], group):
+        cols = nonzero[:, m0 : m0 + group].any(1)
+        a = int(cols.argmax()) if cols.any() else 0
+        b = fb.shape[0] - int(cols[::-1].argmax()) if cols.any() else 1
+        out.append((a, b, mx.array(np.ascontiguousarray(fb[a:b, m0 : m0 + group]))))
+    return out
 
 
 def check_edge(edge: str) -> str:
@@ -78,6 +95,16 @@ class MelFrontend:
         )
         self.fb = fb.astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
         mx.eval(self.window, self.fb)
+        self._bands = _bands(np.array(self.fb))
+        self._banded = mx.compile(self._log_mel)
+
+    def _log_mel(self, power: mx.array) -> mx.array:
+        """``log(power @ fb + guard)`` with the product taken group by group of mel bins over
+        the group's band of FFT bins: the filterbank is zero outside it, and the BLAS adds each
+        output's terms in order, so the values are the whole product's bit for bit
+        (``asr.mel``)."""
+        mel = mx.concatenate([power[..., a:b] @ w for a, b, w in self._bands], axis=-1)
+        return mx.log(mel + self.cfg.log_zero_guard_value)
 
     def frames(self, segment: mx.array) -> mx.array:
         """Log-mel of every full ``n_fft`` frame of a pre-emphasized, zero-padded 1-D
@@ -88,6 +115,8 @@ class MelFrontend:
         power = mx.square(spec.real) + mx.square(spec.imag)
         if self.cfg.mag_power != 2.0:
             power = mx.power(mx.sqrt(power), self.cfg.mag_power)
+        if fastpaths.enabled("asr.mel") and on_cpu():
+            return self._banded(power)
         return mx.log(power @ self.fb + self.cfg.log_zero_guard_value)
 
     def valid_frames(self, lengths, edge: str):
@@ -147,7 +176,7 @@ class RecognizerEncoder(FastConformer):
             if i in sub._strided_idx:
                 pad = (sub.pad_left, sub.pad_right)
                 x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
-            x = layer(x)
+            x = conv_products.conv(layer, x)
             if isinstance(layer, nn.ReLU) and lengths is not None:
                 scale *= sub.stride
                 at = start // scale + mx.arange(x.shape[1])
