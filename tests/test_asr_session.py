@@ -172,3 +172,54 @@ def test_short_clips(asr, n, edge):
     events = s.feed(x) + s.finish()
     assert [e.index for e in events] == list(range(offline.encoder_frames))
     assert [t for e in events for t in e.tokens] == offline.tokens
+
+
+def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
+    """With reads to spare, a live round is one call over the frames left, which ends at a
+    token or at the last frame computed: no call runs past a chunk's last token. On a joint
+    that never emits, a chunk takes one call; on the random one, a call per token and chunk
+    at most, and the tokens are offline's."""
+    import mlx.core as mx
+
+    from mlx_voicechat.runtime import asr_greedy
+
+    calls = [0]
+    build = asr_greedy.build_step
+
+    def counting(net):
+        fn = build(net)
+
+        def step(*args):
+            calls[0] += 1
+            return fn(*args)
+
+        return step
+
+    def live(x):
+        calls[0] = 0
+        s, chunks = asr.session(), 0
+        for i in range(0, len(x), 1280):
+            frames = s.frames
+            s.feed(x[i : i + 1280])
+            chunks += s.frames > frames
+        return s, chunks
+
+    monkeypatch.setattr(asr_greedy, "build_step", counting)
+    asr.__dict__.pop("_greedy_steps", None)  # the shared compiled step, rebuilt counting
+    last = asr.joint.joint_net[-1]
+    old = {"weight": last.weight, "bias": last.bias}
+    n = len(asr.joint.joint_net)
+    try:
+        bias = mx.zeros_like(last.bias).at[asr.config.blank_id].add(5.0)
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [{"weight": 0 * last.weight, "bias": bias}]})
+        s, chunks = live(noise(16000 * 8, 6))
+        assert s.tokens == [] and chunks == 7 and calls[0] == s.reads == chunks
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
+        x = noise(16000 * 8, 7)  # its tokens come where the reads allow one call a round
+        s, chunks = live(x)
+        assert len(s.tokens) >= 3 and calls[0] == s.reads <= len(s.tokens) + chunks
+        s.finish()
+        assert s.tokens == asr.transcribe(x).tokens
+    finally:
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
+        asr.__dict__.pop("_greedy_steps", None)

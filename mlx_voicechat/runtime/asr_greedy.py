@@ -16,8 +16,11 @@ LSTM on that token and adopts its state where a row emitted, as Transformers' ba
 does. Every row has its own cursor, symbol count, prediction and LSTM state, on the device, and
 nothing is read per call. A *round* queues ``N`` calls and reads them at once (one host read):
 per row and call, the blank steps taken and the token emitted (or -1); the host replays the
-cursor rule on them to place each token on its frame and count the steps. A round is sized to
-the frames left and the tokens expected, so a chunk of speech takes one read.
+cursor rule on them to place each token on its frame and count the steps. An offline round is
+sized to the frames left and the tokens expected, so a clip takes few reads. A live (``lean``)
+round is one call over every frame left (up to ``WIDE``) while the session's reads allow it: a
+call after the last token would be wasted work, a read is cheap; short of reads, a round is
+sized as offline, without the slack.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import numpy as np
 from ..nets.version import Memo
 
 NO_TOKEN = -1
-WINDOW = 8  # frames whose joint one call evaluates under one prediction
+WINDOW = 8  # frames whose joint one call evaluates under one prediction (offline rounds)
+WIDE = 16  # frames of a live round's one call, at most
 MAX_ROUND_CALLS = 64  # calls queued before one read, at most
 
 
@@ -50,13 +54,14 @@ class RowState:
 
 
 def build_step(net):
-    """The compiled call (see the module docstring) for ``net``'s decoder and joint."""
+    """The compiled call (see the module docstring) for ``net``'s decoder and joint; its window
+    is the frames ``e`` holds (one trace per window size)."""
     decoder, joint = net.decoder, net.joint
     blank, max_symbols = net.config.blank_id, net.config.max_symbols
-    w = mx.arange(WINDOW, dtype=mx.int32)
 
     def step(e, pred, h, c, t, sym, length, base, last):
         """``e`` [B, W, J]: the frames from each row's cursor on."""
+        w = mx.arange(e.shape[1], dtype=mx.int32)
         valid = (t[:, None] + w[None, :]) < length[:, None]
         x = e + pred[:, None, :]
         for layer in joint.joint_net:
@@ -69,8 +74,8 @@ def build_step(net):
         jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
         t = t + jump
         sym = mx.where(jump > 0, 0, sym)
-        out, (h2, c2) = decoder(mx.where(emit, k, 0)[:, None], (h, c))
-        pred2 = joint.project_prediction(out[:, -1])
+        out, (h2, c2) = decoder.step(mx.where(emit, k, 0), (h, c))
+        pred2 = joint.project_prediction(out)
         keep = emit[None, :, None]
         h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
         pred = mx.where(emit[:, None], pred2, pred)
@@ -89,9 +94,9 @@ class GreedyDecoder:
     """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
 
     def __init__(self, net, batch: int = 1, lean: bool = False):
-        """``lean``: rounds of just enough calls for the frames and the tokens expected (a
-        live session, whose reads are cheap but whose wasted calls are not); otherwise rounds
-        with slack, so that a clip takes few reads."""
+        """``lean``: rounds of one call while reads allow (a live session, whose reads are
+        cheap but whose wasted calls are not, see :meth:`round`); otherwise rounds with
+        slack, so that a clip takes few reads."""
         self.net = net
         self.lean = lean
         self.blank = net.config.blank_id
@@ -150,28 +155,27 @@ class GreedyDecoder:
         """Whether some row has a frame left before its length (in frames)."""
         return any(r.frame < n for r, n in zip(self.rows, lengths))
 
-    def round(self, lengths: List[int], calls: Optional[int] = None) -> None:
-        """Queue ``calls`` calls (default: sized to the frames left and the tokens expected)
-        over rows whose frames before ``lengths[b]`` are pushed, read their codes (one host
-        read) and replay them."""
+    def round(
+        self, lengths: List[int], calls: Optional[int] = None, reads_left: Optional[int] = None
+    ) -> None:
+        """Queue ``calls`` calls (default: see :meth:`_plan`) over rows whose frames before
+        ``lengths[b]`` are pushed, read their codes (one host read) and replay them.
+        ``reads_left``: the reads a lean decoder may still take for these frames (None: as
+        many as it needs)."""
         B = self.batch
         left = max(n - r.frame for r, n in zip(self.rows, lengths))
         if left <= 0:
             return
+        W = WINDOW
         if calls is None:
-            tokens = self._rate() * left
-            if self.lean:
-                calls = -(-left // WINDOW) + max(1, round(tokens))
-            else:
-                calls = -(-left // WINDOW) + math.ceil(tokens) + 2
-            calls = min(calls, MAX_ROUND_CALLS)
+            calls, W = self._plan(left, reads_left)
         T = self._frames.shape[1]
         flat = self._frames.reshape(B * T, -1)
         base = mx.arange(B, dtype=mx.int32) * T - self._start
         last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
         length = mx.array(lengths, dtype=mx.int32)
         fn = self._frozen.get(lambda: build_step(self.net), (B, self.blank, self.max_symbols))
-        w = mx.arange(WINDOW, dtype=mx.int32)
+        w = mx.arange(W, dtype=mx.int32)
         index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])
         pred, h, c, t, sym = self._pred, self._h, self._c, self._t, self._sym
         codes = []
@@ -181,11 +185,27 @@ class GreedyDecoder:
             )
             codes.append(code)
         self._pred, self._h, self._c, self._t, self._sym = pred, h, c, t, sym
-        read = np.array(mx.stack(codes, axis=1).tolist(), dtype=np.int64)  # the round's read
-        mx.async_eval(self.arrays())
+        codes = mx.stack(codes, axis=1)
+        mx.async_eval(codes, *self.arrays())  # one pass over the graph, the state kept on
+        read = np.array(codes.tolist(), dtype=np.int64)  # the round's read
         for r, row in zip(self.rows, read):
             self._replay(r, row)
         self._drop_consumed()
+
+    def _plan(self, left: int, reads_left: Optional[int]):
+        """``(calls, window)`` of a round over ``left`` frames. Lean, with reads to spare for
+        the tokens expected: one call over every frame left (nothing is computed past the
+        round's first token, and no call runs after the last one). Otherwise enough calls
+        for the frames and the tokens expected (offline: with slack, so a clip takes few
+        reads)."""
+        tokens = self._rate() * left
+        if self.lean and (reads_left is None or reads_left > 1 + tokens):
+            return 1, min(left, WIDE)
+        if self.lean:
+            calls = -(-left // WINDOW) + max(1, round(tokens))
+        else:
+            calls = -(-left // WINDOW) + math.ceil(tokens) + 2
+        return min(calls, MAX_ROUND_CALLS), WINDOW
 
     def _rate(self) -> float:
         """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds:

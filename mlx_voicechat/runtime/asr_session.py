@@ -208,11 +208,15 @@ class TranscriptionSession:
     # -- decoding ----------------------------------------------------------------------------------
 
     def _decode(self, budget: Optional[int], total: Optional[int] = None) -> List[TranscriptEvent]:
+        """Rounds over the frames computed while ``budget`` (reads so far, at most) allows; at
+        the end (``total``) every frame left, sized to take at most two reads beyond one per
+        1280 samples fed."""
         dec, row = self._decoder, self._decoder.rows[0]
         end = dec.available if total is None else total
         n0 = len(row.tokens)
+        allowed = budget if budget is not None else self.received // self.frame_samples + 2
         while dec.pending([end]) and (budget is None or self.reads < budget):
-            dec.round([end])
+            dec.round([end], reads_left=allowed - self.reads)
             self.reads += 1
         upto = row.frame if total is None else end  # frames whose decoding is complete
         self.language = self._events.language
