@@ -184,16 +184,15 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
     from mlx_voicechat.runtime import asr_greedy
 
     calls = [0]
-    build = asr_greedy.build_step
 
-    def counting(net):
-        fn = build(net)
-
-        def step(*args):
+    def counted(fn):
+        def call(*args):
             calls[0] += 1
             return fn(*args)
 
-        return step
+        return call
+
+    step, scan = asr_greedy.build_step, asr_greedy.build_scan
 
     def live(x):
         calls[0] = 0
@@ -204,7 +203,8 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
             chunks += s.frames > frames
         return s, chunks
 
-    monkeypatch.setattr(asr_greedy, "build_step", counting)
+    monkeypatch.setattr(asr_greedy, "build_step", lambda net: counted(step(net)))
+    monkeypatch.setattr(asr_greedy, "build_scan", lambda net: tuple(map(counted, scan(net))))
     asr.__dict__.pop("_greedy_steps", None)  # the shared compiled step, rebuilt counting
     last = asr.joint.joint_net[-1]
     old = {"weight": last.weight, "bias": last.bias}

@@ -17,10 +17,15 @@ does. Every row has its own cursor, symbol count, prediction and LSTM state, on 
 nothing is read per call. A *round* queues ``N`` calls and reads them at once (one host read):
 per row and call, the blank steps taken and the token emitted (or -1); the host replays the
 cursor rule on them to place each token on its frame and count the steps. An offline round is
-sized to the frames left and the tokens expected, so a clip takes few reads. A live (``lean``)
-round is one call over every frame left (up to ``WIDE``) while the session's reads allow it: a
-call after the last token would be wasted work, a read is cheap; short of reads, a round is
-sized as offline, without the slack.
+sized to the frames left and the tokens expected, so a clip takes few reads.
+
+A live (``lean``, one row) decoder reads after every call while the session's reads allow it
+(a call after the last token would be wasted work, a read is cheap), so the host knows the
+cursor and whether a token came at every call, and the device runs only what the notes' loop
+needs: a round is the joint over every frame left (up to ``WIDE``) under the current
+prediction, its labels read (:func:`build_scan`); the host takes the first non-blank, and the
+next round first runs the prediction network on that token. Short of reads, a round is the
+calls above, sized as offline without the slack.
 """
 
 from __future__ import annotations
@@ -90,6 +95,27 @@ def build_step(net):
     return mx.compile(step)
 
 
+def build_scan(net):
+    """The live round's compiled calls for ``net``: ``scan(e, pred)`` -> the joint's labels
+    [1, W] of the frames ``e`` [1, W, J] under ``pred``; ``predict_scan(e, y, h, c)`` -> the
+    prediction network's step on the tokens ``y`` [1] first, then the labels under its
+    prediction, and the new ``pred``, ``h``, ``c``."""
+    decoder, joint = net.decoder, net.joint
+
+    def scan(e, pred):
+        x = e + pred[:, None, :]
+        for layer in joint.joint_net:
+            x = layer(x)
+        return mx.argmax(x, axis=-1).astype(mx.int32)
+
+    def predict_scan(e, y, h, c):
+        out, (h, c) = decoder.step(y, (h, c))
+        pred = joint.project_prediction(out)
+        return scan(e, pred), pred, h, c
+
+    return mx.compile(scan), mx.compile(predict_scan)
+
+
 class GreedyDecoder:
     """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
 
@@ -110,6 +136,9 @@ class GreedyDecoder:
         if batch not in cache:
             cache[batch] = Memo(net.decoder, net.joint)
         self._frozen = cache[batch]
+        if "scan" not in cache:
+            cache["scan"] = Memo(net.decoder, net.joint)
+        self._scans = cache["scan"]
         self.reset()
 
     def reset(self) -> None:
@@ -120,6 +149,7 @@ class GreedyDecoder:
         self._sym = mx.zeros((B,), mx.int32)
         self._frames: Optional[mx.array] = None  # [B, T, J]: frames from _start on
         self._start = 0
+        self._next: Optional[int] = None  # a live row's token not yet through the prediction
 
     def arrays(self) -> List[mx.array]:
         return [
@@ -169,6 +199,12 @@ class GreedyDecoder:
         W = WINDOW
         if calls is None:
             calls, W = self._plan(left, reads_left)
+            if self.lean and calls == 1 and B == 1:
+                return self._scan(W)
+        self._predict_next()
+        if self.lean:  # the host's cursors, which scans move without the device's
+            self._t = mx.array([r.frame for r in self.rows], dtype=mx.int32)
+            self._sym = mx.array([r.symbols for r in self.rows], dtype=mx.int32)
         T = self._frames.shape[1]
         flat = self._frames.reshape(B * T, -1)
         base = mx.arange(B, dtype=mx.int32) * T - self._start
@@ -191,6 +227,37 @@ class GreedyDecoder:
         for r, row in zip(self.rows, read):
             self._replay(r, row)
         self._drop_consumed()
+
+    def _scan(self, W: int) -> None:
+        """A live round (see the module docstring): the labels of the next ``W`` frames under
+        the prediction (after the pending token's step), read; the first non-blank is the
+        notes' next step, its token the next round's prediction input."""
+        row = self.rows[0]
+        a = row.frame - self._start
+        e = self._frames[:, a : a + W]
+        scan, predict_scan = self._scans.get(lambda: build_scan(self.net))
+        if self._next is None:
+            labels = scan(e, self._pred)
+        else:
+            y = mx.array([self._next], dtype=mx.int32)
+            labels, self._pred, self._h, self._c = predict_scan(e, y, self._h, self._c)
+            self._next = None
+        mx.async_eval(labels, self._pred, self._h, self._c)
+        read = labels.tolist()[0]  # the round's read
+        j = next((i for i, k in enumerate(read) if k != self.blank), None)
+        self._replay(row, [(W, NO_TOKEN)] if j is None else [(j, read[j])])
+        if j is not None:
+            self._next = read[j]
+        self._drop_consumed()
+
+    def _predict_next(self) -> None:
+        """The pending token through the prediction network (no read)."""
+        if self._next is not None:
+            out, (self._h, self._c) = self.net.decoder.step(
+                mx.array([self._next], dtype=mx.int32), (self._h, self._c)
+            )
+            self._pred = self.net.joint.project_prediction(out)
+            self._next = None
 
     def _plan(self, left: int, reads_left: Optional[int]):
         """``(calls, window)`` of a round over ``left`` frames. Lean, with reads to spare for
