@@ -135,24 +135,29 @@ def test_voicechat_checkpoint_transcribes_live(tiny):
 
 
 def test_compiled_chunk_step_equals_op_by_op(asr, monkeypatch):
-    """A stream's whole chunks on a full left context run as one compiled call: the same
-    values as the encoder step op by op, and the same session events."""
+    """A stream's whole chunks on a full left context run as one compiled call (subsampling,
+    layers, prompt and the joint's projection): the same values as op by op, the cache too,
+    and the same session events."""
     import mlx.core as mx
 
-    enc = asr.encoder
-    d = enc.cfg.d_model
-    x = [mx.array(noise(14 * d, i).reshape(1, 14, d)) for i in range(7)]
-    outs = {}
+    mel = mx.array(noise(8 * 14 * 7 * 128, 5).reshape(1, -1, 128))
+    prompt = mx.array([asr.resolve_prompt(None)[0]], dtype=mx.int32)
+    outs, caches = {}, {}
     for compiled in (True, False):
         set_fastpath(monkeypatch, "asr.chunk", compiled)
-        cache, ys = enc.make_cache(), []
-        for chunk in x:
-            y, cache = enc.step(chunk, cache)
+        cache, ys, steady = asr.encoder.make_cache(), [], 0
+        for k0 in range(0, 14 * 7, 14):  # as the session cuts them: 2 frames of context
+            s = max(k0 - 2, 0)
+            steady += asr.encoder.steady(14, cache)
+            y, cache = asr.encode_chunk(
+                mel[:, 8 * s : 8 * (k0 + 13) + 1], 8 * s, slice(k0 - s, k0 + 14 - s), cache, prompt
+            )
             ys.append(y)
-        outs[compiled] = mx.concatenate(ys, axis=1)
+        outs[compiled], caches[compiled] = mx.concatenate(ys, axis=1), cache.arrays()
+        assert steady == (3 if compiled else 0)  # from the fifth chunk on (56 frames of context)
     set_fastpath(monkeypatch, "asr.chunk", True)
-    assert enc._steady_chunk(x[0], cache)
-    assert np.array_equal(np.array(outs[True]), np.array(outs[False]))  # bit for bit
+    for a, b in zip([outs[True], *caches[True]], [outs[False], *caches[False]]):
+        assert np.array_equal(np.array(a), np.array(b))  # bit for bit
     audio = noise(16000 * 6, 3)
     events = {}
     for compiled in (True, False):

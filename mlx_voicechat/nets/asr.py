@@ -190,8 +190,6 @@ class RecognizerEncoder(FastConformer):
         """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
         masked too, so no row attends to its padding through the lookahead."""
         if lengths is None:
-            if self._steady_chunk(x, cache):
-                return self._chunk(x, cache)
             return super().step(x, cache)
         left, right = self.cfg.att_context_size
         T = x.shape[1]
@@ -211,42 +209,29 @@ class RecognizerEncoder(FastConformer):
 
     # --- one chunk of a stream ----------------------------------------------------------------
 
-    def _steady_chunk(self, x: mx.array, cache: EncoderCache) -> bool:
-        """A whole chunk on a full left context: from one such chunk to the next every shape
-        of :meth:`step` is the same and every key is visible, so it can run compiled."""
+    def steady(self, frames: int, cache: EncoderCache) -> bool:
+        """A whole chunk of ``frames`` on a full left context: from one such chunk to the
+        next every shape of :meth:`step` is the same and every key is visible (the mask it
+        would add is all zeros), so it can run compiled (``asr.chunk``)."""
         size, left = self.cfg.att_context_size[1] + 1, self.left_context
-        if not fastpaths.enabled("asr.chunk") or not left or x.shape[1] != size or cache.offset % size:
+        if not fastpaths.enabled("asr.chunk") or not left or frames != size or cache.offset % size:
             return False
         return all(c.context == left and c.conv is not None for c in cache.layers)
 
-    def _chunk_fn(self):
-        """:meth:`step` on a steady chunk as a function of ``(x, *positions, *cache arrays)``
-        (the layers' weights are constants of the trace, rebuilt when they change: see
-        ``nets.compiled``); the mask it would add is all zeros, so there is none."""
-        ctx, n = self.left_context, len(self.layers)
+    def chunk_positions(self, frames: int, dtype) -> list:
+        """Each layer's projected positions for a steady chunk of ``frames``."""
+        pos_emb = self.pos_enc.pos_emb_for(self.left_context + frames, dtype)
+        return [layer.self_attn.positions(pos_emb) for layer in self.layers]
 
-        def run(x, *arrays):
-            pos, caches = arrays[:n], arrays[n:]
-            out = []
-            for i, layer in enumerate(self.layers):
-                x, c = layer(x, pos[i], None, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
-                out += [c.keys, c.values, c.conv]
-            return (x, *out)
-
-        return mx.compile(run)
-
-    def _chunk(self, x: mx.array, cache: EncoderCache):
-        """:meth:`step` on a steady chunk (:meth:`_steady_chunk`) as one compiled call: the
-        chunk's small operations fused (the same values as op by op, tested)."""
-        frozen = self.__dict__.get("_chunk_frozen")
-        if frozen is None:
-            frozen = Memo(self)
-            object.__setattr__(self, "_chunk_frozen", frozen)
-        pos_emb = self.pos_enc.pos_emb_for(self.left_context + x.shape[1], x.dtype)
-        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
-        x, *arrays = frozen.get(self._chunk_fn)(x, *pos, *cache.arrays())
-        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
-        return x, EncoderCache(layers, cache.offset + x.shape[1])
+    def chunk_layers(self, x: mx.array, pos, caches):
+        """:meth:`step`'s layers on a steady chunk, on the cache arrays ``caches`` (keys,
+        values, conv per layer) -> ``(x, *new cache arrays)``, without the mask."""
+        out = []
+        for i, layer in enumerate(self.layers):
+            cache = LayerCache(*caches[3 * i : 3 * i + 3])
+            x, c = layer(x, pos[i], None, cache, None, self.left_context)
+            out += [c.keys, c.values, c.conv]
+        return (x, *out)
 
     def encode(
         self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames: int = OFFLINE_CHUNK_FRAMES
@@ -310,6 +295,41 @@ class RecognizerNetwork(Versioned, nn.Module):
     def joint_frames(self, encoded: mx.array, prompt_ids: mx.array) -> mx.array:
         """Encoder frames -> the joint's encoder side (prompt, then ``joint.enc``)."""
         return self.joint.project_encoder(self.apply_prompt(encoded, prompt_ids))
+
+    def encode_chunk(self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None):
+        """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (its first row mel
+        frame ``start``; with ``mel_len``, masked past it) through the layers on ``cache``,
+        then :meth:`joint_frames`: (joint frames, the advanced cache). A steady chunk
+        (:meth:`RecognizerEncoder.steady`) is one compiled call (``asr.chunk``): the
+        subsampling, the layers and the projections fused, the same values as op by op."""
+        enc = self.encoder
+        n = frames.stop - frames.start
+        if mel_len is not None or not enc.steady(n, cache):
+            x = enc.subsample(mel, start, mel_len)[:, frames]
+            x, cache = enc.step(x, cache)
+            return self.joint_frames(x, prompt_ids), cache
+        memo = self.__dict__.get("_chunk_memo")
+        if memo is None:
+            memo = Memo(self)
+            object.__setattr__(self, "_chunk_memo", memo)
+        fn = memo.get(lambda: self._chunk_fn(frames.start, frames.stop), (frames.start, frames.stop))
+        pos = enc.chunk_positions(n, enc.pre_encode.out.weight.dtype)
+        out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
+        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
+        return out, EncoderCache(layers, cache.offset + n)
+
+    def _chunk_fn(self, first: int, last: int):
+        """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
+        *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
+        when they change: ``nets.version``)."""
+        enc, n = self.encoder, len(self.encoder.layers)
+
+        def run(mel, prompt_ids, *arrays):
+            x = enc.subsample(mel)[:, first:last]
+            x, *caches = enc.chunk_layers(x, arrays[:n], arrays[n:])
+            return (self.joint_frames(x, prompt_ids), *caches)
+
+        return mx.compile(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
         """The prediction of the start symbol (a zero input, NeMo's blank-as-pad) for

@@ -54,9 +54,7 @@ def conv(layer, x: mx.array) -> mx.array:
     if all(k == 1 for k in w.shape[1:-1]):
         y = x @ _rows(w).T
     elif layer.groups == 1:
-        y = _windows(x[..., 0], w.shape[1:3], _pair(layer.stride)) @ mx.contiguous(
-            w.reshape(w.shape[0], -1).T
-        )
+        y = _im2col(x, w, _pair(layer.stride))
     else:
         y = _depthwise(x, w, _pair(layer.stride))
     return y + layer.bias if "bias" in layer else y
@@ -67,25 +65,29 @@ def _rows(w: mx.array) -> mx.array:
     return w[:, 0, :] if w.ndim == 3 else w[:, 0, 0, :]
 
 
-def _taps(size: int, kernel: int, stride: int):
-    """Output count and the slice of tap ``i`` along one axis."""
-    out = (size - kernel) // stride + 1
-    return out, [slice(i, i + stride * (out - 1) + 1, stride) for i in range(kernel)]
-
-
 def _windows(x: mx.array, kernel, stride) -> mx.array:
-    """``x`` [B, H, W] -> every window [B, Ho, Wo, kh * kw], taps in ``(kh, kw)`` order."""
-    _, rows = _taps(x.shape[1], kernel[0], stride[0])
-    _, cols = _taps(x.shape[2], kernel[1], stride[1])
-    return mx.stack([x[:, r, c] for r in rows for c in cols], axis=-1)
+    """Every ``kernel`` window of ``x`` [B, H, W, C] at ``stride``: a view [B, Ho, Wo, kh, kw, C]
+    (``as_strided`` reads ``x`` in its row-major order)."""
+    B, H, W, C = x.shape
+    Ho, Wo = (H - kernel[0]) // stride[0] + 1, (W - kernel[1]) // stride[1] + 1
+    shape = (B, Ho, Wo, kernel[0], kernel[1], C)
+    return mx.as_strided(x, shape, (H * W * C, stride[0] * W * C, stride[1] * C, W * C, C, 1))
+
+
+def _im2col(x: mx.array, w: mx.array, stride) -> mx.array:
+    """A one-input-channel conv's windows, taps in ``(kh, kw)`` order, times ``W.T``."""
+    win = _windows(x, w.shape[1:3], stride)
+    cols = win.reshape(*win.shape[:3], -1)
+    return cols @ mx.contiguous(w.reshape(w.shape[0], -1).T)
 
 
 def _depthwise(x: mx.array, w: mx.array, stride) -> mx.array:
-    _, rows = _taps(x.shape[1], w.shape[1], stride[0])
-    _, cols = _taps(x.shape[2], w.shape[2], stride[1])
-    y = None
-    for i, r in enumerate(rows):
-        for j, c in enumerate(cols):
-            term = x[:, r, c, :] * w[:, i, j, 0]
-            y = term if y is None else y + term
+    """Each tap's strided slice times the tap, summed in ``(kh, kw)`` order."""
+    kh, kw = w.shape[1:3]
+    terms = _windows(x, (kh, kw), stride) * w[..., 0].transpose(1, 2, 0)
+    y = terms[:, :, :, 0, 0]
+    for i in range(kh):
+        for j in range(kw):
+            if i or j:
+                y = y + terms[:, :, :, i, j]
     return y

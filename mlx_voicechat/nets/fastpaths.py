@@ -103,7 +103,8 @@ PATHS: Dict[str, FastPath] = {
         ),
         FastPath(
             "asr.chunk",
-            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled",
+            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled "
+            "with its subsampling, the language prompt and the joint's projection",
             "the FastConformer layers op by op (mlx-audio's ConformerBlock modules)",
             "a whole chunk at a chunk boundary, every layer's context full",
         ),

@@ -131,9 +131,10 @@ class TranscriptionSession:
         m0, m1 = s * self.factor, min((k1 - 1) * self.factor + 1, self.mel_frames)
         mel = self._mel[m0 - self._mel_start : m1 - self._mel_start][None]
         lengths = None if mel_len is None else mx.array([mel_len], dtype=mx.int32)
-        x = model.encoder.subsample(mel, m0, lengths)[:, k0 - s : k1 - s]
-        x, self._cache = model.encoder.step(x, self._cache)
-        self._decoder.push(model.joint_frames(x, self._prompt))
+        frames, self._cache = model.encode_chunk(
+            mel, m0, slice(k0 - s, k1 - s), self._cache, self._prompt, lengths
+        )
+        self._decoder.push(frames)
         self.frames = k1
         keep = max(k1 - PRE_ENCODE_CONTEXT, 0) * self.factor
         if keep > self._mel_start:
