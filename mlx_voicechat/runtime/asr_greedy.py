@@ -260,19 +260,27 @@ class GreedyDecoder:
             self._next = None
 
     def _plan(self, left: int, reads_left: Optional[int]):
-        """``(calls, window)`` of a round over ``left`` frames. Lean, with reads to spare for
-        the tokens expected: one call over every frame left (nothing is computed past the
-        round's first token, and no call runs after the last one). Otherwise enough calls
-        for the frames and the tokens expected (offline: with slack, so a clip takes few
-        reads)."""
-        tokens = self._rate() * left
-        if self.lean and (reads_left is None or reads_left > 1 + tokens):
+        """``(calls, window)`` of a round over ``left`` frames. Lean, with a read to spare: one
+        call over every frame left (nothing is computed past the round's first token, and no
+        call runs after the last one). On its last read, enough calls for the frames and the
+        tokens at the recent rate, one a frame at most (more wait for the next read). Offline:
+        the same with the clip's rate and some slack, so a clip takes few reads."""
+        if self.lean and (reads_left is None or reads_left > 1):
             return 1, min(left, WIDE)
         if self.lean:
-            calls = -(-left // WINDOW) + max(1, round(tokens))
+            calls = -(-left // WINDOW) + max(1, math.ceil(min(self._recent_rate(), 1.0) * left))
         else:
-            calls = -(-left // WINDOW) + math.ceil(tokens) + 2
+            calls = -(-left // WINDOW) + math.ceil(self._rate() * left) + 2
         return min(calls, MAX_ROUND_CALLS), WINDOW
+
+    def _recent_rate(self) -> float:
+        """Tokens per frame over the last ``2 * WIDE`` frames (of the busiest row)."""
+        best = 0.0
+        for r in self.rows:
+            since = r.frame - 2 * WIDE
+            n = next((i for i, f in enumerate(reversed(r.frames)) if f < since), len(r.frames))
+            best = max(best, n / max(min(r.frame, 2 * WIDE), 1))
+        return best
 
     def _rate(self) -> float:
         """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds:

@@ -15,10 +15,13 @@ cost one chunk of work, whatever the stream's length):
   first frame of a chunk comes out 15559 samples (972 ms) after its own 80 ms slot ends, the
   last one 1081 samples before; with lookahead 0 every frame comes out 1081 samples before its
   slot ends, as VoiceChat's do;
-- decoding: the compiled greedy step over the chunk's frames, read once per round
-  (``runtime.asr_greedy``); a session reads at most once per 1280 samples it has been fed (one
-  read per 80 ms frame), which one round per chunk of speech stays well under; a burst of tokens
-  beyond that waits for the next frames' reads (``finish`` reads what is left).
+- encoding: a steady chunk's subsampling, layers and joint projection are one compiled call
+  (``RecognizerNetwork.encode_chunk``);
+- decoding: rounds of the greedy loop over the chunk's frames, one read each
+  (``runtime.asr_greedy``): the joint's labels over the frames left, so a chunk takes one read
+  and one more per token in it. A session reads at most once per 1280 samples it has been fed
+  (one read per 80 ms frame); on its last read a round runs several calls, and a burst of
+  tokens beyond that waits for the next frames' reads (``finish`` reads what is left).
 - the end of input (``finish``): the last frames as the offline pass computes them.
 """
 
