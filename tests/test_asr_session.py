@@ -216,7 +216,8 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
     n = len(asr.joint.joint_net)
     try:
         bias = mx.zeros_like(last.bias).at[asr.config.blank_id].add(5.0)
-        asr.joint.update({"joint_net": [{}] * (n - 1) + [{"weight": 0 * last.weight, "bias": bias}]})
+        never = {"weight": 0 * last.weight, "bias": bias}
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [never]})
         s, chunks = live(noise(16000 * 8, 6))
         assert s.tokens == [] and chunks == 7 and calls[0] == s.reads == chunks
         asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})

@@ -394,7 +394,8 @@ def test_asr_mel_bands_equal_the_filterbank_product(recognizer, monkeypatch):
     front = recognizer.frontend
     rng = np.random.default_rng(14)
     for frames in (112, 1, 409):
-        seg = mx.array((0.1 * rng.standard_normal(front.hop * (frames - 1) + front.n_fft)).astype(np.float32))
+        n = front.hop * (frames - 1) + front.n_fft
+        seg = mx.array((0.1 * rng.standard_normal(n)).astype(np.float32))
         set_fastpath(monkeypatch, "asr.mel", True)
         fast = front.frames(seg)
         set_fastpath(monkeypatch, "asr.mel", False)

@@ -296,7 +296,9 @@ class RecognizerNetwork(Versioned, nn.Module):
         """Encoder frames -> the joint's encoder side (prompt, then ``joint.enc``)."""
         return self.joint.project_encoder(self.apply_prompt(encoded, prompt_ids))
 
-    def encode_chunk(self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None):
+    def encode_chunk(
+        self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None
+    ):
         """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (its first row mel
         frame ``start``; with ``mel_len``, masked past it) through the layers on ``cache``,
         then :meth:`joint_frames`: (joint frames, the advanced cache). A steady chunk
@@ -312,7 +314,8 @@ class RecognizerNetwork(Versioned, nn.Module):
         if memo is None:
             memo = Memo(self)
             object.__setattr__(self, "_chunk_memo", memo)
-        fn = memo.get(lambda: self._chunk_fn(frames.start, frames.stop), (frames.start, frames.stop))
+        key = (frames.start, frames.stop)
+        fn = memo.get(lambda: self._chunk_fn(*key), key)
         pos = enc.chunk_positions(n, enc.pre_encode.out.weight.dtype)
         out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
         layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
