@@ -314,8 +314,8 @@ class RecognizerNetwork(Versioned, nn.Module):
         if memo is None:
             memo = Memo(self)
             object.__setattr__(self, "_chunk_memo", memo)
-        key = (frames.start, frames.stop)
-        fn = memo.get(lambda: self._chunk_fn(*key), key)
+        key = (frames.start, frames.stop)  # and the fast paths traced into it:
+        fn = memo.get(lambda: self._chunk_fn(*key), (*key, fastpaths.enabled("encoder.convs")))
         pos = enc.chunk_positions(n, enc.pre_encode.out.weight.dtype)
         out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
         layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]

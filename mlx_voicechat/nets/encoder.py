@@ -392,7 +392,7 @@ class FastConformer(Versioned, nn.Module):
         memo = self._frame_fns.get(phase)
         if memo is None:
             memo = self._frame_fns[phase] = Memo(self)
-        fn = memo.get(lambda: self._frame_fn(phase))
+        fn = memo.get(lambda: self._frame_fn(phase), fastpaths.enabled("encoder.convs"))
         pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
         pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
         per_row = [c.arrays() for c in caches]

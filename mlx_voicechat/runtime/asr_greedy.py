@@ -37,6 +37,7 @@ from typing import List, Optional
 import mlx.core as mx
 import numpy as np
 
+from ..nets import fastpaths
 from ..nets.version import Memo
 
 NO_TOKEN = -1
@@ -210,7 +211,8 @@ class GreedyDecoder:
         base = mx.arange(B, dtype=mx.int32) * T - self._start
         last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
         length = mx.array(lengths, dtype=mx.int32)
-        fn = self._frozen.get(lambda: build_step(self.net), (B, self.blank, self.max_symbols))
+        lstm = fastpaths.enabled("rnnt.lstm_step")  # traced into the step
+        fn = self._frozen.get(lambda: build_step(self.net), (B, self.blank, self.max_symbols, lstm))
         w = mx.arange(W, dtype=mx.int32)
         index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])
         pred, h, c, t, sym = self._pred, self._h, self._c, self._t, self._sym
@@ -235,7 +237,9 @@ class GreedyDecoder:
         row = self.rows[0]
         a = row.frame - self._start
         e = self._frames[:, a : a + W]
-        scan, predict_scan = self._scans.get(lambda: build_scan(self.net))
+        scan, predict_scan = self._scans.get(
+            lambda: build_scan(self.net), fastpaths.enabled("rnnt.lstm_step")
+        )
         if self._next is None:
             labels = scan(e, self._pred)
         else:
