@@ -135,24 +135,29 @@ def test_voicechat_checkpoint_transcribes_live(tiny):
 
 
 def test_compiled_chunk_step_equals_op_by_op(asr, monkeypatch):
-    """A stream's whole chunks on a full left context run as one compiled call: the same
-    values as the encoder step op by op, and the same session events."""
+    """A stream's whole chunks on a full left context run as one compiled call (subsampling,
+    layers, prompt and the joint's projection): the same values as op by op, the cache too,
+    and the same session events."""
     import mlx.core as mx
 
-    enc = asr.encoder
-    d = enc.cfg.d_model
-    x = [mx.array(noise(14 * d, i).reshape(1, 14, d)) for i in range(7)]
-    outs = {}
+    mel = mx.array(noise(8 * 14 * 7 * 128, 5).reshape(1, -1, 128))
+    prompt = mx.array([asr.resolve_prompt(None)[0]], dtype=mx.int32)
+    outs, caches = {}, {}
     for compiled in (True, False):
         set_fastpath(monkeypatch, "asr.chunk", compiled)
-        cache, ys = enc.make_cache(), []
-        for chunk in x:
-            y, cache = enc.step(chunk, cache)
+        cache, ys, steady = asr.encoder.make_cache(), [], 0
+        for k0 in range(0, 14 * 7, 14):  # as the session cuts them: 2 frames of context
+            s = max(k0 - 2, 0)
+            steady += asr.encoder.steady(14, cache)
+            y, cache = asr.encode_chunk(
+                mel[:, 8 * s : 8 * (k0 + 13) + 1], 8 * s, slice(k0 - s, k0 + 14 - s), cache, prompt
+            )
             ys.append(y)
-        outs[compiled] = mx.concatenate(ys, axis=1)
+        outs[compiled], caches[compiled] = mx.concatenate(ys, axis=1), cache.arrays()
+        assert steady == (3 if compiled else 0)  # from the fifth chunk on (56 frames of context)
     set_fastpath(monkeypatch, "asr.chunk", True)
-    assert enc._steady_chunk(x[0], cache)
-    assert np.array_equal(np.array(outs[True]), np.array(outs[False]))  # bit for bit
+    for a, b in zip([outs[True], *caches[True]], [outs[False], *caches[False]]):
+        assert np.array_equal(np.array(a), np.array(b))  # bit for bit
     audio = noise(16000 * 6, 3)
     events = {}
     for compiled in (True, False):
@@ -172,3 +177,55 @@ def test_short_clips(asr, n, edge):
     events = s.feed(x) + s.finish()
     assert [e.index for e in events] == list(range(offline.encoder_frames))
     assert [t for e in events for t in e.tokens] == offline.tokens
+
+
+def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
+    """With reads to spare, a live round is one call over the frames left, which ends at a
+    token or at the last frame computed: no call runs past a chunk's last token. On a joint
+    that never emits, a chunk takes one call; on the random one, a call per token and chunk
+    at most, and the tokens are offline's."""
+    import mlx.core as mx
+
+    from mlx_voicechat.runtime import asr_greedy
+
+    calls = [0]
+
+    def counted(fn):
+        def call(*args):
+            calls[0] += 1
+            return fn(*args)
+
+        return call
+
+    step, scan = asr_greedy.build_step, asr_greedy.build_scan
+
+    def live(x):
+        calls[0] = 0
+        s, chunks = asr.session(), 0
+        for i in range(0, len(x), 1280):
+            frames = s.frames
+            s.feed(x[i : i + 1280])
+            chunks += s.frames > frames
+        return s, chunks
+
+    monkeypatch.setattr(asr_greedy, "build_step", lambda net: counted(step(net)))
+    monkeypatch.setattr(asr_greedy, "build_scan", lambda net: tuple(map(counted, scan(net))))
+    asr.__dict__.pop("_greedy_steps", None)  # the shared compiled step, rebuilt counting
+    last = asr.joint.joint_net[-1]
+    old = {"weight": last.weight, "bias": last.bias}
+    n = len(asr.joint.joint_net)
+    try:
+        bias = mx.zeros_like(last.bias).at[asr.config.blank_id].add(5.0)
+        never = {"weight": 0 * last.weight, "bias": bias}
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [never]})
+        s, chunks = live(noise(16000 * 8, 6))
+        assert s.tokens == [] and chunks == 7 and calls[0] == s.reads == chunks
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
+        x = noise(16000 * 8, 7)  # its tokens come where the reads allow one call a round
+        s, chunks = live(x)
+        assert len(s.tokens) >= 3 and calls[0] == s.reads <= len(s.tokens) + chunks
+        s.finish()
+        assert s.tokens == asr.transcribe(x).tokens
+    finally:
+        asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
+        asr.__dict__.pop("_greedy_steps", None)

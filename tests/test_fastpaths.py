@@ -52,6 +52,7 @@ def test_every_fast_path_is_covered():
         "llm.step", "llm.row_attention", "tts.backbone_step", "tts.sampling", "encoder.frame",
         "codec.step", "heads.split", "rnnt.frame",
         "asr.chunk",  # tests/test_asr_session.py: compiled chunk against op by op, bit for bit
+        "encoder.convs", "asr.mel", "rnnt.lstm_step",
     }
     assert set(fastpaths.PATHS) == tested
 
@@ -327,3 +328,100 @@ def test_rnnt_frame_follows_the_greedy_rule(targets, monkeypatch):
         assert _frames_greedy(frames, joint.project_encoder, enc) == want
     counts = [np.bincount(w[1], minlength=8) for w in want]
     assert all(c.max() <= 5 for c in counts)
+
+
+# --- the recognizer's (and the VoiceChat encoder's) convolutions, mel and LSTM step -----------
+
+
+@pytest.fixture(scope="module")
+def recognizer(tmp_path_factory):
+    """The factory's small Nemotron-3.5-ASR (64 subsampling channels, width 192), as loaded."""
+    from mlx_voicechat import load
+    from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
+
+    root = tmp_path_factory.mktemp("asr-fastpaths")
+    return load(make_recognizer_checkpoint(root / "small", "small", seed=1))
+
+
+def _convs(encoder):
+    layers = [l for l in encoder.pre_encode.conv if isinstance(l, nn.Conv2d)]
+    for layer in encoder.layers:
+        layers += [layer.conv.pointwise_conv1, layer.conv.pointwise_conv2]
+    return layers
+
+
+@pytest.mark.parametrize("which", ["asr", "voicechat"])
+def test_asr_encoder_convs_equal_the_conv_layers(recognizer, medium, monkeypatch, which):
+    """Each subsampling conv and pointwise conv as products, against the layer itself (the
+    weights column-major where marked, as loaded); then the whole subsampling and a layer's
+    convolution module on two rows."""
+    from mlx_voicechat.nets import conv_products
+
+    enc = recognizer.encoder if which == "asr" else medium.stt_model.perception.encoder
+    set_fastpath(monkeypatch, "encoder.convs", True)
+    convs = _convs(enc)
+    assert all(conv_products.applies(c) for c in convs) and len(convs) > 6
+    key = mx.random.key(12)
+    mel = mx.random.normal((2, 8 * 9 + 1, enc.cfg.feat_in), key=key)
+    x = mel[..., None]
+    sub = enc.pre_encode
+    for i, layer in enumerate(sub.conv):
+        if i in sub._strided_idx:
+            pad = (sub.pad_left, sub.pad_right)
+            x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
+        _same([conv_products.conv(layer, x)], [layer(x)])
+        x = layer(x)
+
+    def both(fn):
+        set_fastpath(monkeypatch, "encoder.convs", True)
+        fast = fn()
+        set_fastpath(monkeypatch, "encoder.convs", False)
+        plain = fn()
+        set_fastpath(monkeypatch, "encoder.convs", True)
+        _same(fast, plain)
+
+    both(lambda: [sub(mel)[0]])
+    h = mx.random.normal((2, 14, enc.cfg.d_model), key=mx.random.key(13))
+    both(lambda: list(enc.layers[0].conv(h)))
+    if which == "asr":
+        mel_len = mx.array([mel.shape[1], mel.shape[1] - 21])
+        both(lambda: [enc.subsample(mel, 0, mel_len)])
+
+
+def test_asr_mel_bands_equal_the_filterbank_product(recognizer, monkeypatch):
+    """The banded filterbank products against the whole product (power @ fb), bit for bit,
+    for a live chunk's frames, one frame and an offline block; and a batch of clips."""
+    front = recognizer.frontend
+    rng = np.random.default_rng(14)
+    for frames in (112, 1, 409):
+        n = front.hop * (frames - 1) + front.n_fft
+        seg = mx.array((0.1 * rng.standard_normal(n)).astype(np.float32))
+        set_fastpath(monkeypatch, "asr.mel", True)
+        fast = front.frames(seg)
+        set_fastpath(monkeypatch, "asr.mel", False)
+        _same([fast], [front.frames(seg)])
+    wave = mx.array((0.1 * rng.standard_normal((2, 9000))).astype(np.float32))
+    lengths = mx.array([9000, 7001])
+    set_fastpath(monkeypatch, "asr.mel", True)
+    fast = front(wave, lengths)
+    set_fastpath(monkeypatch, "asr.mel", False)
+    _same(list(fast), list(front(wave, lengths)))
+
+
+@pytest.mark.parametrize("which", ["asr", "voicechat"])
+def test_asr_lstm_step_equals_mlx_audio_lstm_per_row(recognizer, medium, monkeypatch, which):
+    """One token per row through the prediction network: the column-major step against
+    mlx-audio's LSTM, outputs and both states, for three rows from different states."""
+    decoder = recognizer.decoder if which == "asr" else medium.stt_model.rnnt_decoder
+    rnn = decoder.prediction["dec_rnn"]
+    L, H = rnn.num_layers, rnn.hidden_size
+    h = mx.random.normal((L, 3, H), key=mx.random.key(15))
+    c = mx.random.normal((L, 3, H), key=mx.random.key(16))
+    y = mx.array([3, 0, 11], dtype=mx.int32)
+    set_fastpath(monkeypatch, "rnnt.lstm_step", True)
+    out, (h2, c2) = decoder.step(y, (h, c))
+    ref, (h3, c3) = decoder(y[:, None], (h, c))
+    _same([out, h2, c2], [ref[:, -1], h3, c3])
+    for b in range(3):
+        one, (h4, c4) = decoder.step(y[b : b + 1], (h[:, b : b + 1], c[:, b : b + 1]))
+        _same([one, h4, c4], [out[b : b + 1], h2[:, b : b + 1], c2[:, b : b + 1]])

@@ -58,7 +58,10 @@ def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):
         m for _, m in model.named_modules()
         if type(m) is nn.Linear and not getattr(m, "_keep_row_major", False)
     ]
-    assert layout.use_cpu_layout(model) == len(linears) > 10
+    # and the pointwise convolutions multiplied as matrices (nets.conv_products)
+    pointwise = [m for _, m in model.named_modules() if getattr(m, "_cpu_layout_matrix", False)]
+    assert pointwise and all(isinstance(m, (nn.Conv1d, nn.Conv2d)) for m in pointwise)
+    assert layout.use_cpu_layout(model) == len(linears) + len(pointwise) > 10
     assert layout.use_cpu_layout(model) == 0  # once
 
 
@@ -67,6 +70,7 @@ def test_cpu_layout_leaves_quantized_and_half_precision(tiny_checkpoints):
     float_linears = [
         m for _, m in q.named_modules() if type(m) is nn.Linear and m.weight.dtype == mx.float32
         and not getattr(m, "_keep_row_major", False)
+        or getattr(m, "_cpu_layout_matrix", False) and m.weight.dtype == mx.float32
     ]
     assert layout.use_cpu_layout(q) == len(float_linears)
     half = _plain(tiny_checkpoints["mlx-community"])

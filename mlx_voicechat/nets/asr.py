@@ -27,10 +27,12 @@ from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..config import ConfigError
 from ..config.asr import ASRConfig
-from . import fastpaths
+from . import conv_products, fastpaths
+from .layout import on_cpu
 from .version import Memo, Versioned
 from .encoder import (
     NEG_INF,
@@ -45,8 +47,23 @@ from .rnnt import RNNTDecoder, RNNTJoint
 EDGES = ("nemo", "mlx-audio")
 # Encoder frames per chunk of the offline encoder (rounded up to whole lookahead chunks).
 OFFLINE_CHUNK_FRAMES = 256
+# Mel bins per product of the banded filterbank (``asr.mel``).
+MEL_GROUP = 8
 # Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
 MEL_BLOCK_FRAMES = 4096
+
+
+def _bands(fb: np.ndarray, group: int = MEL_GROUP):
+    """The filterbank ``fb`` [bins, n_mels] cut into groups of ``group`` mel bins, each with
+    the span of FFT bins where its weights are nonzero: ``[(first bin, end bin, weights)]``."""
+    nonzero = fb != 0
+    out = []
+    for m0 in range(0, fb.shape[1], group):
+        cols = nonzero[:, m0 : m0 + group].any(1)
+        a = int(cols.argmax()) if cols.any() else 0
+        b = fb.shape[0] - int(cols[::-1].argmax()) if cols.any() else 1
+        out.append((a, b, mx.array(np.ascontiguousarray(fb[a:b, m0 : m0 + group]))))
+    return out
 
 
 def check_edge(edge: str) -> str:
@@ -78,6 +95,16 @@ class MelFrontend:
         )
         self.fb = fb.astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
         mx.eval(self.window, self.fb)
+        self._bands = _bands(np.array(self.fb))
+        self._banded = mx.compile(self._log_mel)
+
+    def _log_mel(self, power: mx.array) -> mx.array:
+        """``log(power @ fb + guard)`` with the product taken group by group of mel bins over
+        the group's band of FFT bins: the filterbank is zero outside it, and the BLAS adds each
+        output's terms in order, so the values are the whole product's bit for bit
+        (``asr.mel``)."""
+        mel = mx.concatenate([power[..., a:b] @ w for a, b, w in self._bands], axis=-1)
+        return mx.log(mel + self.cfg.log_zero_guard_value)
 
     def frames(self, segment: mx.array) -> mx.array:
         """Log-mel of every full ``n_fft`` frame of a pre-emphasized, zero-padded 1-D
@@ -88,6 +115,8 @@ class MelFrontend:
         power = mx.square(spec.real) + mx.square(spec.imag)
         if self.cfg.mag_power != 2.0:
             power = mx.power(mx.sqrt(power), self.cfg.mag_power)
+        if fastpaths.enabled("asr.mel") and on_cpu():
+            return self._banded(power)
         return mx.log(power @ self.fb + self.cfg.log_zero_guard_value)
 
     def valid_frames(self, lengths, edge: str):
@@ -147,7 +176,7 @@ class RecognizerEncoder(FastConformer):
             if i in sub._strided_idx:
                 pad = (sub.pad_left, sub.pad_right)
                 x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
-            x = layer(x)
+            x = conv_products.conv(layer, x)
             if isinstance(layer, nn.ReLU) and lengths is not None:
                 scale *= sub.stride
                 at = start // scale + mx.arange(x.shape[1])
@@ -161,8 +190,6 @@ class RecognizerEncoder(FastConformer):
         """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
         masked too, so no row attends to its padding through the lookahead."""
         if lengths is None:
-            if self._steady_chunk(x, cache):
-                return self._chunk(x, cache)
             return super().step(x, cache)
         left, right = self.cfg.att_context_size
         T = x.shape[1]
@@ -182,42 +209,29 @@ class RecognizerEncoder(FastConformer):
 
     # --- one chunk of a stream ----------------------------------------------------------------
 
-    def _steady_chunk(self, x: mx.array, cache: EncoderCache) -> bool:
-        """A whole chunk on a full left context: from one such chunk to the next every shape
-        of :meth:`step` is the same and every key is visible, so it can run compiled."""
+    def steady(self, frames: int, cache: EncoderCache) -> bool:
+        """A whole chunk of ``frames`` on a full left context: from one such chunk to the
+        next every shape of :meth:`step` is the same and every key is visible (the mask it
+        would add is all zeros), so it can run compiled (``asr.chunk``)."""
         size, left = self.cfg.att_context_size[1] + 1, self.left_context
-        if not fastpaths.enabled("asr.chunk") or not left or x.shape[1] != size or cache.offset % size:
+        if not fastpaths.enabled("asr.chunk") or not left or frames != size or cache.offset % size:
             return False
         return all(c.context == left and c.conv is not None for c in cache.layers)
 
-    def _chunk_fn(self):
-        """:meth:`step` on a steady chunk as a function of ``(x, *positions, *cache arrays)``
-        (the layers' weights are constants of the trace, rebuilt when they change: see
-        ``nets.compiled``); the mask it would add is all zeros, so there is none."""
-        ctx, n = self.left_context, len(self.layers)
+    def chunk_positions(self, frames: int, dtype) -> list:
+        """Each layer's projected positions for a steady chunk of ``frames``."""
+        pos_emb = self.pos_enc.pos_emb_for(self.left_context + frames, dtype)
+        return [layer.self_attn.positions(pos_emb) for layer in self.layers]
 
-        def run(x, *arrays):
-            pos, caches = arrays[:n], arrays[n:]
-            out = []
-            for i, layer in enumerate(self.layers):
-                x, c = layer(x, pos[i], None, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
-                out += [c.keys, c.values, c.conv]
-            return (x, *out)
-
-        return mx.compile(run)
-
-    def _chunk(self, x: mx.array, cache: EncoderCache):
-        """:meth:`step` on a steady chunk (:meth:`_steady_chunk`) as one compiled call: the
-        chunk's small operations fused (the same values as op by op, tested)."""
-        frozen = self.__dict__.get("_chunk_frozen")
-        if frozen is None:
-            frozen = Memo(self)
-            object.__setattr__(self, "_chunk_frozen", frozen)
-        pos_emb = self.pos_enc.pos_emb_for(self.left_context + x.shape[1], x.dtype)
-        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
-        x, *arrays = frozen.get(self._chunk_fn)(x, *pos, *cache.arrays())
-        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
-        return x, EncoderCache(layers, cache.offset + x.shape[1])
+    def chunk_layers(self, x: mx.array, pos, caches):
+        """:meth:`step`'s layers on a steady chunk, on the cache arrays ``caches`` (keys,
+        values, conv per layer) -> ``(x, *new cache arrays)``, without the mask."""
+        out = []
+        for i, layer in enumerate(self.layers):
+            cache = LayerCache(*caches[3 * i : 3 * i + 3])
+            x, c = layer(x, pos[i], None, cache, None, self.left_context)
+            out += [c.keys, c.values, c.conv]
+        return (x, *out)
 
     def encode(
         self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames: int = OFFLINE_CHUNK_FRAMES
@@ -281,6 +295,44 @@ class RecognizerNetwork(Versioned, nn.Module):
     def joint_frames(self, encoded: mx.array, prompt_ids: mx.array) -> mx.array:
         """Encoder frames -> the joint's encoder side (prompt, then ``joint.enc``)."""
         return self.joint.project_encoder(self.apply_prompt(encoded, prompt_ids))
+
+    def encode_chunk(
+        self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None
+    ):
+        """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (its first row mel
+        frame ``start``; with ``mel_len``, masked past it) through the layers on ``cache``,
+        then :meth:`joint_frames`: (joint frames, the advanced cache). A steady chunk
+        (:meth:`RecognizerEncoder.steady`) is one compiled call (``asr.chunk``): the
+        subsampling, the layers and the projections fused, the same values as op by op."""
+        enc = self.encoder
+        n = frames.stop - frames.start
+        if mel_len is not None or not enc.steady(n, cache):
+            x = enc.subsample(mel, start, mel_len)[:, frames]
+            x, cache = enc.step(x, cache)
+            return self.joint_frames(x, prompt_ids), cache
+        memo = self.__dict__.get("_chunk_memo")
+        if memo is None:
+            memo = Memo(self)
+            object.__setattr__(self, "_chunk_memo", memo)
+        key = (frames.start, frames.stop)  # and the fast paths traced into it:
+        fn = memo.get(lambda: self._chunk_fn(*key), (*key, fastpaths.enabled("encoder.convs")))
+        pos = enc.chunk_positions(n, enc.pre_encode.out.weight.dtype)
+        out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
+        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
+        return out, EncoderCache(layers, cache.offset + n)
+
+    def _chunk_fn(self, first: int, last: int):
+        """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
+        *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
+        when they change: ``nets.version``)."""
+        enc, n = self.encoder, len(self.encoder.layers)
+
+        def run(mel, prompt_ids, *arrays):
+            x = enc.subsample(mel)[:, first:last]
+            x, *caches = enc.chunk_layers(x, arrays[:n], arrays[n:])
+            return (self.joint_frames(x, prompt_ids), *caches)
+
+        return mx.compile(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
         """The prediction of the start symbol (a zero input, NeMo's blank-as-pad) for

@@ -28,7 +28,8 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
 )
 
 from ..config import EncoderConfig
-from . import fastpaths
+from . import conv_products, fastpaths
+from .layout import as_matrix
 from .version import Memo, Versioned
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
@@ -64,7 +65,14 @@ def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
 
 
 class Subsampling(Versioned, CausalDwStridingSubsampling):
-    """Causal dw-striding subsampling; lengths computed on the device (no host sync)."""
+    """Causal dw-striding subsampling; lengths computed on the device (no host sync); its
+    convolutions as products (``nets.conv_products``)."""
+
+    def __init__(self, args: ConformerArgs):
+        super().__init__(args)
+        for layer in self.conv:
+            if isinstance(layer, nn.Conv2d) and layer.weight.shape[1:3] == (1, 1):
+                as_matrix(layer)
 
     def output_lengths(self, lengths: mx.array) -> mx.array:
         for _ in range(self.sampling_num):
@@ -79,7 +87,7 @@ class Subsampling(Versioned, CausalDwStridingSubsampling):
             if i in self._strided_idx:
                 pad = (self.pad_left, self.pad_right)
                 x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
-            x = layer(x)
+            x = conv_products.conv(layer, x)
         b, t, f, c = x.shape
         x = self.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
         return x, None if lengths is None else self.output_lengths(lengths)
@@ -139,10 +147,16 @@ class ContextAttention(Versioned, RelPositionMultiHeadAttention):
 
 
 class CausalConvolution(Versioned, ConformerConvolution):
-    """Conformer convolution module whose causal left padding comes from a cache."""
+    """Conformer convolution module whose causal left padding comes from a cache; its
+    pointwise convolutions as products (``nets.conv_products``)."""
+
+    def __init__(self, args: ConformerArgs):
+        super().__init__(args)
+        as_matrix(self.pointwise_conv1)
+        as_matrix(self.pointwise_conv2)
 
     def __call__(self, x, context=None, valid=None):
-        x = nn.glu(self.pointwise_conv1(x), axis=-1)
+        x = nn.glu(conv_products.conv(self.pointwise_conv1, x), axis=-1)
         if valid is not None:
             x = x * valid  # NeMo zeroes padded frames before the depthwise conv
         if context is None:
@@ -150,7 +164,7 @@ class CausalConvolution(Versioned, ConformerConvolution):
         x = mx.concatenate([context, x], axis=1)
         new_context = x[:, x.shape[1] - self.pad_left :]
         x = self.depthwise_conv(x)
-        x = self.pointwise_conv2(self.activation(self.batch_norm(x)))
+        x = conv_products.conv(self.pointwise_conv2, self.activation(self.batch_norm(x)))
         return x, new_context
 
 
@@ -378,7 +392,7 @@ class FastConformer(Versioned, nn.Module):
         memo = self._frame_fns.get(phase)
         if memo is None:
             memo = self._frame_fns[phase] = Memo(self)
-        fn = memo.get(lambda: self._frame_fn(phase))
+        fn = memo.get(lambda: self._frame_fn(phase), fastpaths.enabled("encoder.convs"))
         pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
         pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
         per_row = [c.arrays() for c in caches]

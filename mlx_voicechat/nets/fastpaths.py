@@ -80,6 +80,14 @@ PATHS: Dict[str, FastPath] = {
             "one frame, no padding, every layer's context full, on the CPU",
         ),
         FastPath(
+            "encoder.convs",
+            "the speech encoders' convolutions as products: pointwise ones as x @ W.T on "
+            "column-major weights, the first subsampling conv as its windows times W.T, the "
+            "depthwise subsampling convs as sums of strided slices (nets.conv_products)",
+            "mlx.nn.Conv1d / Conv2d (mlx-audio's subsampling and conformer convolution)",
+            "float32 weights on the CPU",
+        ),
+        FastPath(
             "codec.step",
             "one code frame of the decoder as a compiled function: codebook gathers as one, "
             "depthwise convs as shifted sums, k1 / transposed convs as matmuls",
@@ -95,9 +103,24 @@ PATHS: Dict[str, FastPath] = {
         ),
         FastPath(
             "asr.chunk",
-            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled",
+            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled "
+            "with its subsampling, the language prompt and the joint's projection",
             "the FastConformer layers op by op (mlx-audio's ConformerBlock modules)",
             "a whole chunk at a chunk boundary, every layer's context full",
+        ),
+        FastPath(
+            "asr.mel",
+            "the recognizer's mel filterbank product summed over each mel bin's band of FFT "
+            "bins (in bin order, the bands' zeros left out), with the log, compiled",
+            "nets.asr.MelFrontend's power @ fb (the filterbank mlx-audio computes)",
+            "on the CPU",
+        ),
+        FastPath(
+            "rnnt.lstm_step",
+            "one token through the prediction network's LSTM on column-major copies of its "
+            "weights (BLAS's plain case), the bias and the recurrent product added after",
+            "mlx_audio.stt.models.nemotron_asr.rnnt.LSTM (mlx.nn.LSTM layers)",
+            "float32 weights on the CPU",
         ),
         FastPath(
             "rnnt.frame",

@@ -10,6 +10,10 @@ its transposed view. The parameter keeps its shape, dtype and values, so saving,
 converting and comparing parameters are unaffected; only ``x @ W.T`` becomes the plain case.
 The BLAS sums each output in the same order either way, so outputs are bit-identical (tested).
 
+Pointwise convolutions marked with :func:`as_matrix` (their module multiplies them as
+matrices, ``nets.conv_products``) are stored the same way: the data ``[in, out]`` contiguous, the
+weight ``[out, 1.., in]`` a view of it.
+
 Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
 layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and
 ``Linear`` layers whose weight is read directly rather than multiplied (marked with
@@ -25,6 +29,7 @@ from .version import bump
 
 _FLAG = "_cpu_layout_done"
 _KEEP = "_keep_row_major"
+_MATRIX = "_cpu_layout_matrix"
 
 
 def keep_row_major(linear: nn.Linear) -> nn.Linear:
@@ -33,12 +38,28 @@ def keep_row_major(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+def as_matrix(conv: nn.Module) -> nn.Module:
+    """Mark a pointwise ``conv`` as multiplied as a matrix: :func:`use_cpu_layout` moves it."""
+    object.__setattr__(conv, _MATRIX, True)
+    return conv
+
+
+def _pointwise_view(w: mx.array):
+    """A float32 pointwise conv weight ``[out, 1.., in]`` as a view of its ``[in, out]``
+    contiguous transpose, or None for any other weight."""
+    if w.dtype != mx.float32 or w.ndim < 3 or any(k != 1 for k in w.shape[1:-1]):
+        return None
+    data = mx.contiguous(w.reshape(w.shape[0], w.shape[-1]).T)
+    return data.T.reshape(w.shape)
+
+
 def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
 def use_cpu_layout(model: nn.Module) -> int:
-    """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU.
+    """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU
+    (and the pointwise convolutions marked with :func:`as_matrix`).
 
     One tensor at a time (the extra memory is one weight), once per model; returns how many
     weights were moved. Does nothing on a GPU or when already done."""
@@ -46,12 +67,17 @@ def use_cpu_layout(model: nn.Module) -> int:
         return 0
     moved = 0
     for _, module in model.named_modules():
-        if type(module) is not nn.Linear or getattr(module, _KEEP, False):
+        if getattr(module, _MATRIX, False):
+            w = _pointwise_view(module.weight)
+            if w is None:
+                continue
+        elif type(module) is not nn.Linear or getattr(module, _KEEP, False):
             continue
-        w = module.weight
-        if w.dtype != mx.float32 or w.ndim != 2:
-            continue
-        w = mx.contiguous(w.T).T
+        else:
+            w = module.weight
+            if w.dtype != mx.float32 or w.ndim != 2:
+                continue
+            w = mx.contiguous(w.T).T
         mx.eval(w)
         module.weight = w
         moved += 1

@@ -22,6 +22,7 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNe
 
 from ..config import RNNTDecoderConfig, RNNTJointConfig
 from . import fastpaths
+from .layout import on_cpu
 from .version import Memo, Versioned
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
@@ -57,6 +58,46 @@ class RNNTDecoder(Versioned, PredictNetwork):
         self.prediction["dec_rnn"] = StackedLSTM(
             cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers
         )
+
+    def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
+        """One token per row: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output
+        [B, H], (h, c)); ``self(y[:, None], state)`` with its last output. Float32 weights on
+        the CPU (``rnnt.lstm_step``) multiply copies of the LSTM's weights made column-major
+        (BLAS's plain case), then add the bias and the other product: ``nn.LSTM``'s
+        ``addmm(bias, x, Wx.T)`` and ``addmm(ifgo, h, Wh.T)`` add in that order too, so the
+        values are the same bit for bit."""
+        rnn = self.prediction["dec_rnn"]
+        first = rnn.lstm[0].Wx
+        if not fastpaths.enabled("rnnt.lstm_step") or first.dtype != mx.float32 or not on_cpu():
+            out, state = self(y[:, None], state)
+            return out[:, -1], state
+        memo = self.__dict__.get("_columns")
+        if memo is None:
+            memo = Memo(self)
+            object.__setattr__(self, "_columns", memo)
+        columns = memo.get(self._column_weights)
+        x = self.prediction["embed"](y)
+        h, c = state
+        hs, cs = [], []
+        for i, (layer, (wx, wh)) in enumerate(zip(rnn.lstm, columns)):
+            ifgo = x @ wx
+            if layer.bias is not None:
+                ifgo = ifgo + layer.bias
+            ifgo = h[i] @ wh + ifgo
+            gi, gf, gg, go = mx.split(ifgo, 4, axis=-1)
+            cell = mx.sigmoid(gf) * c[i] + mx.sigmoid(gi) * mx.tanh(gg)
+            x = mx.sigmoid(go) * mx.tanh(cell)
+            hs.append(x)
+            cs.append(cell)
+        return x, (mx.stack(hs), mx.stack(cs))
+
+    def _column_weights(self):
+        out = [
+            (mx.contiguous(layer.Wx.T), mx.contiguous(layer.Wh.T))
+            for layer in self.prediction["dec_rnn"].lstm
+        ]
+        mx.eval(out)
+        return out
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
         """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""

@@ -15,10 +15,13 @@ cost one chunk of work, whatever the stream's length):
   first frame of a chunk comes out 15559 samples (972 ms) after its own 80 ms slot ends, the
   last one 1081 samples before; with lookahead 0 every frame comes out 1081 samples before its
   slot ends, as VoiceChat's do;
-- decoding: the compiled greedy step over the chunk's frames, read once per round
-  (``runtime.asr_greedy``); a session reads at most once per 1280 samples it has been fed (one
-  read per 80 ms frame), which one round per chunk of speech stays well under; a burst of tokens
-  beyond that waits for the next frames' reads (``finish`` reads what is left).
+- encoding: a steady chunk's subsampling, layers and joint projection are one compiled call
+  (``RecognizerNetwork.encode_chunk``);
+- decoding: rounds of the greedy loop over the chunk's frames, one read each
+  (``runtime.asr_greedy``): the joint's labels over the frames left, so a chunk takes one read
+  and one more per token in it. A session reads at most once per 1280 samples it has been fed
+  (one read per 80 ms frame); on its last read a round runs several calls, and a burst of
+  tokens beyond that waits for the next frames' reads (``finish`` reads what is left).
 - the end of input (``finish``): the last frames as the offline pass computes them.
 """
 
@@ -131,9 +134,10 @@ class TranscriptionSession:
         m0, m1 = s * self.factor, min((k1 - 1) * self.factor + 1, self.mel_frames)
         mel = self._mel[m0 - self._mel_start : m1 - self._mel_start][None]
         lengths = None if mel_len is None else mx.array([mel_len], dtype=mx.int32)
-        x = model.encoder.subsample(mel, m0, lengths)[:, k0 - s : k1 - s]
-        x, self._cache = model.encoder.step(x, self._cache)
-        self._decoder.push(model.joint_frames(x, self._prompt))
+        frames, self._cache = model.encode_chunk(
+            mel, m0, slice(k0 - s, k1 - s), self._cache, self._prompt, lengths
+        )
+        self._decoder.push(frames)
         self.frames = k1
         keep = max(k1 - PRE_ENCODE_CONTEXT, 0) * self.factor
         if keep > self._mel_start:
@@ -208,11 +212,15 @@ class TranscriptionSession:
     # -- decoding ----------------------------------------------------------------------------------
 
     def _decode(self, budget: Optional[int], total: Optional[int] = None) -> List[TranscriptEvent]:
+        """Rounds over the frames computed while ``budget`` (reads so far, at most) allows; at
+        the end (``total``) every frame left, sized to take at most two reads beyond one per
+        1280 samples fed."""
         dec, row = self._decoder, self._decoder.rows[0]
         end = dec.available if total is None else total
         n0 = len(row.tokens)
+        allowed = budget if budget is not None else self.received // self.frame_samples + 2
         while dec.pending([end]) and (budget is None or self.reads < budget):
-            dec.round([end])
+            dec.round([end], reads_left=allowed - self.reads)
             self.reads += 1
         upto = row.frame if total is None else end  # frames whose decoding is complete
         self.language = self._events.language
