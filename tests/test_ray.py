@@ -321,18 +321,52 @@ def _cluster_processes(driver_pid):
 # --- without a cluster -------------------------------------------------------------------
 
 
-def test_router_ranks_replicas_without_a_model_last():
+def _router(cached=None):
+    """A SessionRouter without Ray around it: Ray's queue-length cache is ``cached``."""
     from types import SimpleNamespace
 
-    from mlx_voicechat.serve.ray_proxy import SessionRouter, replica_rank
+    from mlx_voicechat.serve.ray_proxy import SessionRouter
+
+    router = SessionRouter.__new__(SessionRouter)
+    table = dict(cached or {})
+    router._replica_queue_len_cache = SimpleNamespace(get=table.get)
+    return router
+
+
+def _replica(name, stats):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(replica_id=name, routing_stats=stats)
+
+
+def test_router_ranks_replicas_without_a_model_last():
+    from mlx_voicechat.serve.ray_proxy import replica_rank
 
     assert replica_rank({}) == 0 and replica_rank({"ready": True}) == 0
     assert replica_rank({"ready": False}) == 1
-    failed, fresh, ready = (SimpleNamespace(routing_stats=r) for r in ({"ready": False}, {}, None))
+    failed, fresh, ready = _replica("f", {"ready": False}), _replica("n", {}), _replica("r", None)
     ready.routing_stats = {"ready": True}
-    ranks = asyncio.run(SessionRouter.choose_replicas(None, [failed, fresh, ready]))
-    assert ranks == [[fresh, ready], [failed]]  # one rank of all live replicas: no random pair
-    assert asyncio.run(SessionRouter.choose_replicas(None, [ready])) == [[ready]]
+    ranks = asyncio.run(_router().choose_replicas([failed, fresh, ready]))
+    assert ranks[-1] == [failed] and sorted(r[0].replica_id for r in ranks[:2]) == ["n", "r"]
+    assert asyncio.run(_router().choose_replicas([ready])) == [[ready]]
+
+
+def test_router_spreads_connections_that_arrive_together():
+    # Three connections routed before Ray has confirmed any: Ray's cached lengths are the same
+    # for both replicas, so without counting its own choices the router sent all three to one.
+    a, b = _replica("a", {"ready": True}), _replica("b", {"ready": True})
+    router = _router({"a": 0, "b": 0})
+
+    async def three():
+        return await asyncio.gather(*(router.choose_replicas([a, b]) for _ in range(3)))
+
+    firsts = [ranks[0][0].replica_id for ranks in asyncio.run(three())]
+    assert sorted(firsts) == ["a", "a", "b"]
+    # Confirmed routes no longer count (Ray's cache has them), a busier replica comes last.
+    for name in firsts:
+        router.on_request_routed(None, name, None)
+    router._replica_queue_len_cache.get = {"a": 5, "b": 1}.get
+    assert [r[0].replica_id for r in asyncio.run(router.choose_replicas([a, b]))] == ["b", "a"]
 
 
 def test_deployment_options():

@@ -2,8 +2,9 @@
 
 :class:`SessionRouter` is the request router of the deployment: a new connection goes to the
 replica with the fewest ongoing requests among all those whose model is ready (not two drawn
-at random, as Ray's default router does), so a full replica is chosen only when every replica
-is full, and it then answers ``server_busy`` itself.
+at random, as Ray's default router does; connections that arrive together are spread), so a
+full replica is chosen only when every replica is full, and it then answers ``server_busy``
+itself.
 
 :class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection whose
 replica went away (its process died or was stopped) gets an ``error`` event with code
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import List
+import time
 
 from ray.serve.request_router import FIFOMixin, RequestRouter
 
@@ -33,16 +34,40 @@ def replica_rank(stats: dict) -> int:
     return 1 if stats and not stats.get("ready") else 0
 
 
+PENDING_SECONDS = 5.0  # a choice not confirmed as routed by then no longer counts
+
+
 class SessionRouter(FIFOMixin, RequestRouter):
-    """Ranks every replica by :func:`replica_rank` (from the stats each replica's
-    ``record_routing_stats`` reports); within a rank Ray picks the replica with the fewest
-    ongoing requests, which are its sessions but for a moment's HTTP request."""
+    """Orders the replicas by :func:`replica_rank` (from the stats each replica's
+    ``record_routing_stats`` reports), then by their load: the ongoing requests Ray last heard
+    of (its queue-length cache: sessions, but for a moment's HTTP request) plus the connections
+    this router chose for the replica that Ray has not confirmed yet. Each replica is a rank of
+    its own, so Ray takes the first that is not full. Counting the choices in flight keeps
+    connections that arrive together apart: they would all see the same cached lengths and go
+    to one replica, which would then refuse the last ones as busy while another had room."""
+
+    def _load(self, replica, now: float) -> int:
+        pending = self.__dict__.setdefault("_pending", {})
+        marks = [t for t in pending.get(replica.replica_id, ()) if now - t < PENDING_SECONDS]
+        pending[replica.replica_id] = marks
+        cached = self.replica_queue_len_cache.get(replica.replica_id)
+        return (cached or 0) + len(marks)
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
-        ranks: List[list] = [[], []]
-        for replica in candidate_replicas:
-            ranks[replica_rank(replica.routing_stats or {})].append(replica)
-        return [rank for rank in ranks if rank]
+        now = time.monotonic()
+        ordered = sorted(
+            candidate_replicas,
+            key=lambda r: (replica_rank(r.routing_stats or {}), self._load(r, now)),
+        )
+        if ordered:
+            self.__dict__["_pending"].setdefault(ordered[0].replica_id, []).append(now)
+        return [[r] for r in ordered]
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        """Ray accepted a request on ``replica_id``: its queue length now counts it."""
+        marks = self.__dict__.get("_pending", {}).get(replica_id)
+        if marks:
+            marks.pop(0)
 
 
 def _error_event(code: str, message: str) -> str:
