@@ -59,20 +59,23 @@ class RowState:
     frames: List[int] = field(default_factory=list)  # the frame of each token
 
 
+def _predict(net, y: mx.array, h: mx.array, c: mx.array):
+    """The prediction network's step on tokens ``y`` [B]: (projected prediction, h, c)."""
+    out, (h, c) = net.decoder.step(y, (h, c))
+    return net.joint.project_prediction(out), h, c
+
+
 def build_step(net):
     """The compiled call (see the module docstring) for ``net``'s decoder and joint; its window
     is the frames ``e`` holds (one trace per window size)."""
-    decoder, joint = net.decoder, net.joint
+    joint = net.joint
     blank, max_symbols = net.config.blank_id, net.config.max_symbols
 
     def step(e, pred, h, c, t, sym, length, base, last):
         """``e`` [B, W, J]: the frames from each row's cursor on."""
         w = mx.arange(e.shape[1], dtype=mx.int32)
         valid = (t[:, None] + w[None, :]) < length[:, None]
-        x = e + pred[:, None, :]
-        for layer in joint.joint_net:
-            x = layer(x)
-        labels = mx.argmax(x, axis=-1).astype(mx.int32)  # [B, W]
+        labels = mx.argmax(joint.logits(e, pred[:, None, :]), axis=-1).astype(mx.int32)  # [B, W]
         token = valid & (labels != blank)
         emit = mx.any(token, axis=-1)
         j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
@@ -80,8 +83,7 @@ def build_step(net):
         jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
         t = t + jump
         sym = mx.where(jump > 0, 0, sym)
-        out, (h2, c2) = decoder.step(mx.where(emit, k, 0), (h, c))
-        pred2 = joint.project_prediction(out)
+        pred2, h2, c2 = _predict(net, mx.where(emit, k, 0), h, c)
         keep = emit[None, :, None]
         h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
         pred = mx.where(emit[:, None], pred2, pred)
@@ -101,17 +103,11 @@ def build_scan(net):
     [1, W] of the frames ``e`` [1, W, J] under ``pred``; ``predict_scan(e, y, h, c)`` -> the
     prediction network's step on the tokens ``y`` [1] first, then the labels under its
     prediction, and the new ``pred``, ``h``, ``c``."""
-    decoder, joint = net.decoder, net.joint
-
     def scan(e, pred):
-        x = e + pred[:, None, :]
-        for layer in joint.joint_net:
-            x = layer(x)
-        return mx.argmax(x, axis=-1).astype(mx.int32)
+        return mx.argmax(net.joint.logits(e, pred[:, None, :]), axis=-1).astype(mx.int32)
 
     def predict_scan(e, y, h, c):
-        out, (h, c) = decoder.step(y, (h, c))
-        pred = joint.project_prediction(out)
+        pred, h, c = _predict(net, y, h, c)
         return scan(e, pred), pred, h, c
 
     return mx.compile(scan), mx.compile(predict_scan)
@@ -257,10 +253,8 @@ class GreedyDecoder:
     def _predict_next(self) -> None:
         """The pending token through the prediction network (no read)."""
         if self._next is not None:
-            out, (self._h, self._c) = self.net.decoder.step(
-                mx.array([self._next], dtype=mx.int32), (self._h, self._c)
-            )
-            self._pred = self.net.joint.project_prediction(out)
+            y = mx.array([self._next], dtype=mx.int32)
+            self._pred, self._h, self._c = _predict(self.net, y, self._h, self._c)
             self._next = None
 
     def _plan(self, left: int, reads_left: Optional[int]):

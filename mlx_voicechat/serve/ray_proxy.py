@@ -46,8 +46,13 @@ class SessionRouter(FIFOMixin, RequestRouter):
     connections that arrive together apart: they would all see the same cached lengths and go
     to one replica, which would then refuse the last ones as busy while another had room."""
 
+    @property
+    def _pending(self) -> dict:
+        """Replica id -> when this router chose it for connections Ray has not confirmed."""
+        return self.__dict__.setdefault("_pending_marks", {})
+
     def _load(self, replica, now: float) -> int:
-        pending = self.__dict__.setdefault("_pending", {})
+        pending = self._pending
         marks = [t for t in pending.get(replica.replica_id, ()) if now - t < PENDING_SECONDS]
         pending[replica.replica_id] = marks
         cached = self.replica_queue_len_cache.get(replica.replica_id)
@@ -60,12 +65,12 @@ class SessionRouter(FIFOMixin, RequestRouter):
             key=lambda r: (replica_rank(r.routing_stats or {}), self._load(r, now)),
         )
         if ordered:
-            self.__dict__["_pending"].setdefault(ordered[0].replica_id, []).append(now)
+            self._pending.setdefault(ordered[0].replica_id, []).append(now)
         return [[r] for r in ordered]
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
         """Ray accepted a request on ``replica_id``: its queue length now counts it."""
-        marks = self.__dict__.get("_pending", {}).get(replica_id)
+        marks = self._pending.get(replica_id)
         if marks:
             marks.pop(0)
 
