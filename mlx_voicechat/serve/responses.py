@@ -245,7 +245,7 @@ class Responses:
         out = []
         audio = self._output(f.audio, last=f.turn == "end")
         r["samples"] += audio.size
-        self._assistant_items[r["item_id"]] = int(r["samples"] * 1000 // self.output_rate)
+        self._assistant_items[r["item_id"]] = -(-r["samples"] * 1000 // self.output_rate)  # ceil
         out.append(
             self._event("response.output_audio.delta", delta=encode_pcm16(audio), **self._ref())
         )
