@@ -19,7 +19,7 @@ from test_server_protocol import error_code, frame, pcm, send, started
 
 from mlx_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.protocol import Realtime, Start
-from mlx_voicechat.serve.responses import REQUEST_WAIT_FRAMES
+from mlx_voicechat.serve.responses import MAX_ITEM_CHARS, MAX_ITEMS, REQUEST_WAIT_FRAMES
 
 
 def text_item(role, text, **fields):
@@ -70,6 +70,14 @@ def test_retrieve_and_delete_answer_from_the_tracked_items():
     assert error_code(send(p, type="conversation.item.retrieve", item_id="item_mine")[0]) == (
         "invalid_value"
     )
+    # the tracked items are bounded in number and in size: the oldest go first
+    big = "x" * (MAX_ITEM_CHARS // 8)
+    for i in range(MAX_ITEMS + 20):
+        text = big if i % 10 == 0 else "hi"
+        send(p, type="conversation.item.create", item=text_item("user", text, id=f"item_{i}"))
+    assert len(p.items) <= MAX_ITEMS and p._item_chars <= MAX_ITEM_CHARS
+    assert f"item_{MAX_ITEMS + 19}" in p.items and "item_0" not in p.items
+    assert p._item_chars == sum(len(json.dumps(i, ensure_ascii=False)) for i in p.items.values())
 
 
 def test_response_create_opens_a_response_that_echoes_its_metadata():
