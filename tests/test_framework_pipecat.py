@@ -171,7 +171,7 @@ async def _conversation(server):
 
 def test_pipecat_realtime_example_on_its_defaults(model, worker):  # noqa: F811
     with served(model, worker) as server:
-        source, sink = asyncio.run(asyncio.wait_for(_conversation(server), 180))
+        source, sink = asyncio.run(asyncio.wait_for(_conversation(server), 300))
         errors = list(server.errors.lines)
     assert not errors, errors[:3]
     assert not source.errors and not sink.errors, (source.errors + sink.errors)[:3]
