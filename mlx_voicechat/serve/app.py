@@ -16,8 +16,10 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
 from .protocol import Realtime
+from .secrets import PresetSocket, SecretRefused, bearer_secret, refusal
 from .server import MAX_PROMPT_TOKENS, Server
 from .transcription_connection import serve_connection, warm_up
+from .webrtc import ICE_TIMEOUT, close_calls, install as install_webrtc
 from .worker import Worker
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -63,6 +65,7 @@ def create_app(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     vendor: Optional[dict] = None,
     health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
+    ice_timeout: float = ICE_TIMEOUT,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -81,7 +84,8 @@ def create_app(
     takes, in tokens; longer instructions are refused by their length before any tokenizing.
     ``vendor``: fields of the vendor object ``x-voicechat`` in ``session.created`` (e.g. which
     replica serves it). ``health_extra``: an async function whose dict is added to
-    ``/health``'s."""
+    ``/health``'s. ``ice_timeout``: seconds a WebRTC call (``POST /v1/realtime/calls``)
+    waits for its connection before it is closed."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
@@ -114,10 +118,12 @@ def create_app(
             await server.worker.run(warm_up, server)
         server.ready = True
         yield
+        await close_calls(app)
 
     app = FastAPI(title="mlx-voicechat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
     app.add_middleware(_PageHeaders)
+    install_webrtc(app, server, ice_timeout)  # /v1/realtime/calls, /v1/realtime/client_secrets
 
     @app.get("/health")
     async def health():
@@ -191,7 +197,8 @@ def create_app(
         if not server.origin_allowed(websocket.headers, websocket.scope.get("server")):
             await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
             return
-        if not server.authorized(websocket.headers, subprotocols):
+        secret = bearer_secret(websocket.headers, subprotocols)  # a client secret, ek_...
+        if secret is None and not server.authorized(websocket.headers, subprotocols):
             await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
@@ -211,6 +218,15 @@ def create_app(
                 await websocket.send_text(json.dumps(busy))
                 await websocket.close(code=CLOSE_TRY_AGAIN, reason="server busy")
             return
+        if secret is not None:  # used up only by a connection that gets a slot
+            try:
+                websocket = PresetSocket(websocket, app.state.client_secrets.redeem(secret))
+            except SecretRefused as e:
+                with contextlib.suppress(Exception):
+                    body = refusal(str(e))["error"]
+                    await websocket.send_text(json.dumps({"type": "error", "error": body}))
+                    await websocket.close(code=CLOSE_POLICY, reason=str(e)[:120])
+                return
         server.active += 1
         await serve_connection(server, websocket)  # duplex, or a transcription session
 
