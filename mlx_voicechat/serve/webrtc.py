@@ -185,6 +185,41 @@ def mono_float(frame) -> np.ndarray:
     return x.astype(np.float32)
 
 
+class LiveJitterBuffer:
+    """In place of aiortc's audio jitter buffer, which holds every packet until four more have
+    come and, at a lost one, stalls until sixteen have (320 ms), then drops frames to catch up:
+    each Opus packet is decoded as it arrives; one older than the newest already taken (late,
+    reordered, or repeated) is dropped, and its time, like a lost packet's, is heard as silence
+    (:meth:`RtcConversation._listen` fills the gaps in the RTP timeline). The server never
+    waits on a packet."""
+
+    capacity = 1
+
+    def __init__(self):
+        self.newest: Optional[int] = None
+        self.late = 0
+
+    def add(self, packet):
+        from aiortc.jitterbuffer import JitterFrame
+
+        seq = packet.sequence_number
+        if self.newest is not None and not 0 < (seq - self.newest) % 65536 < 32768:
+            self.late += 1
+            return False, None
+        self.newest = seq
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+
+
+def live_receiver(receiver) -> bool:
+    """Give an aiortc audio receiver a :class:`LiveJitterBuffer`; False where this aiortc has
+    no such place (its own buffer stays)."""
+    name = "_RTCRtpReceiver__jitter_buffer"
+    if not hasattr(receiver, name):
+        return False
+    setattr(receiver, name, LiveJitterBuffer())
+    return True
+
+
 # --- the conversation -----------------------------------------------------------------------
 
 
@@ -203,6 +238,8 @@ class RtcConversation(Conversation):
         self._out_resampler = None
         self._playing: Optional[str] = None  # the response whose audio is on the track
         self._stop_pending: Optional[str] = None  # its audio is all queued: stopped when played
+        # seconds of the client's audio lost on the way (heard as silence) and come too late
+        self.concealed = self.dropped = 0.0
 
     # server events: the model's audio to the track, the rest to the data channel
     def send(self, events) -> None:
@@ -294,7 +331,9 @@ class RtcConversation(Conversation):
             queued = self.position / MODEL_INPUT_RATE  # audio and clock silence queued so far
             if at - queued > GAP_SECONDS:  # lost packets (or DTX): their time is silence
                 self._audio(np.zeros(int((at - queued) * MODEL_INPUT_RATE), np.float32), True)
+                self.concealed += at - queued
             elif queued - at > GAP_SECONDS:  # late: the clock filled its place already
+                self.dropped += min(queued - at, x.size / rate)
                 x = x[int((queued - at) * rate) :]
             if x.size:
                 y = resampler(x)
@@ -365,6 +404,9 @@ class Call:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         if self.track is None:
             raise ValueError("the offer has no audio track the server can receive")
+        for t in self.pc.getTransceivers():
+            if t.kind == "audio" and not live_receiver(t.receiver):
+                log.warning("this aiortc's audio receiver has no jitter buffer to replace")
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return self.pc.localDescription.sdp
 
