@@ -352,6 +352,19 @@ def test_a_call_that_never_connects_is_closed(served):
     wait_idle(served, timeout=10)
 
 
+def test_a_call_is_hung_up_with_the_key(served, offers):
+    """OpenAI's hangup ends an answered call at once (the page's fallback to the WebSocket
+    gives the slot back this way); unknown calls are 404, no key is 401."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"}
+    status, answer, _ = post(served, "/v1/realtime/calls", offers[0].encode(), headers)
+    assert status == 201 and state(served) == (1, 1)
+    where = answer["location"]
+    assert post(served, where + "/hangup", b"", {})[0] == 401
+    assert post(served, where + "/hangup", b"", {"Authorization": f"Bearer {KEY}"})[0] == 200
+    wait_idle(served, timeout=1.5)  # well before the ICE timeout (3 s)
+    assert post(served, where + "/hangup", b"", {"Authorization": f"Bearer {KEY}"})[0] == 404
+
+
 def test_without_aiortc_the_endpoint_says_what_to_install(served, monkeypatch, offers):
     monkeypatch.setitem(__import__("sys").modules, "aiortc", None)  # import aiortc fails
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"}

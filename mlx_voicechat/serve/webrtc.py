@@ -35,6 +35,7 @@ from .channel import log
 from .connection import Conversation
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Realtime, Resampler, Start
 from .secrets import ClientSecrets, SecretRefused, bearer_secret, refusal, ttl_of
+from .transcription_connection import is_recognizer
 
 WIRE_RATE = 48000  # Hz, Opus's clock on the wire
 PACKET_SAMPLES = 960  # 20 ms at 48 kHz, what the outgoing track sends per frame
@@ -362,6 +363,8 @@ class Call:
         self.track = None
         self.connected = asyncio.Event()
         self.channel_open = asyncio.Event()
+        self.hung_up = asyncio.Event()
+        self.secret: Optional[str] = None  # the client secret that admitted it, if one did
         self.task: Optional[asyncio.Task] = None
         self._closed = False
         self.pc.addTrack(self.out)
@@ -416,13 +419,22 @@ class Call:
         conversation = None
         try:
             events = [self.connected] + ([self.channel_open] if wants_channel else [])
-            waits = [asyncio.ensure_future(e.wait()) for e in events]
+
+            async def ready():
+                for e in events:
+                    await e.wait()
+
+            waits = [asyncio.ensure_future(ready()), asyncio.ensure_future(self.hung_up.wait())]
             try:
-                _, pending = await asyncio.wait(waits, timeout=ice_timeout)
+                done, _ = await asyncio.wait(
+                    waits, timeout=ice_timeout, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 for w in waits:
                     w.cancel()
-            if pending:
+            if self.hung_up.is_set():
+                return
+            if waits[0] not in done:
                 log.warning(
                     "WebRTC call %s: no connection within %g s (ICE, DTLS or the data channel "
                     "did not complete); closed",
@@ -440,6 +452,7 @@ class Call:
             await self.close()
 
     async def close(self) -> None:
+        self.hung_up.set()
         if self._closed:
             return
         self._closed = True
@@ -515,6 +528,16 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         missing = available()
         if missing is not None:
             return refused(501, error_body(missing, "webrtc_unavailable", "server_error"))
+        if is_recognizer(server.model):
+            return refused(
+                501,
+                error_body(
+                    "this server runs a recognizer: its transcription sessions are on the "
+                    "WebSocket /v1/realtime",
+                    "webrtc_unavailable",
+                    "server_error",
+                ),
+            )
         if not server.origin_allowed(request.headers, request.scope.get("server")):
             return refused(403, error_body("origin not allowed", "origin_not_allowed"))
         preset = None
@@ -592,6 +615,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         call_id = "rtc_" + random.token_hex(12)
         server.active += 1
         call = Call(server, calls, call_id, config, request.query_params)
+        call.secret = secret
         calls[call_id] = call
         try:
             answer = await call.answer(sdp)
@@ -609,6 +633,20 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             media_type="application/sdp",
             headers={"location": f"/v1/realtime/calls/{call_id}"},
         )
+
+    @app.post("/v1/realtime/calls/{call_id}/hangup")
+    async def hangup(call_id: str, request: Request):
+        """End a call (OpenAI's hangup): with the server's key, or the client secret that
+        admitted it."""
+        call = calls.get(call_id)
+        secret = bearer_secret(request.headers)
+        own = call is not None and secret is not None and secret == call.secret
+        if not own and (secret is not None or not server.authorized(request.headers, [])):
+            return refused(401, refusal("missing or wrong API key"))
+        if call is None:
+            return refused(404, error_body(f"no call {call_id[:40]!r} in progress", "not_found"))
+        await call.close()
+        return JSONResponse({}, status_code=200)
 
 
 async def close_calls(app) -> None:
