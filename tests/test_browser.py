@@ -170,11 +170,13 @@ def console_errors(driver) -> list:
     return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
 
 
-def open_page(driver, url: str, key: str):
+def open_page(driver, url: str, key: str, transport: str = "websocket"):
     driver.get(url + "/")
     assert driver.title == "mlx-voicechat"
     assert page_state(driver)["state"] == "idle"
     driver.find_element("id", "apikey").send_keys(key)
+    # WebRTC is the page's default; its tests are tests/test_webrtc_browser.py
+    driver.execute_script("document.getElementById('transport').value = arguments[0]", transport)
 
 
 def screenshots(driver, target: Path) -> None:
@@ -606,6 +608,7 @@ def test_page_talks_to_the_model_in_firefox(server, tmp_path):
                 )
                 # The protocol's default rate here (Chromium sends the model's 16 kHz).
                 await b.js(context, "document.getElementById('rate').value = '24000'")
+                await b.js(context, "document.getElementById('transport').value = 'websocket'")
                 await b.click(context, "start")
                 deadline = time.monotonic() + DEADLINE_S
                 while True:

@@ -1,11 +1,15 @@
-// The mlx-voicechat page: microphone -> /v1/realtime (OpenAI Realtime, GA event names) ->
+// The mlx-voicechat page: microphone -> the server (OpenAI Realtime, GA event names) ->
 // speaker, with the user's and the model's words, the function channel and a timeline.
+// WebRTC by default (POST /v1/realtime/calls: Opus both ways with the browser's own jitter
+// buffer and echo cancellation, the events on the oai-events data channel); the WebSocket
+// /v1/realtime when WebRTC fails or the server does not offer it.
 // No build step and nothing fetched from elsewhere: this file, resampler.js and the two
 // worklets are all there is.
 (() => {
   'use strict';
 
   const FRAME_MS = 80; // one model frame
+  const WEBRTC_CONNECT_MS = 8000; // ICE, DTLS and the data channel; then the WebSocket
   const OUTPUT_RATE = 24000; // asked of the server; the playback worklet resamples to the device
   const TIMELINE_SECONDS = 12;
   const BUSY_TEXT = 'the model is busy, try again';
@@ -36,6 +40,9 @@
     inputRate: null,
     contextRate: null,
     mode: 'realtime', // realtime | transcription (a recognizer server's sessions always are)
+    transport: null, // webrtc | websocket
+    rttMs: null, // WebRTC's round-trip time (the ICE candidate pair's)
+    webrtcError: null, // why WebRTC was not used, when the page fell back to the WebSocket
   };
   window.voicechat = vc;
 
@@ -46,6 +53,7 @@
     latency: $('latency'), fps: $('fps'), rtf: $('rtf'), lag: $('lag'), counts: $('counts'),
     buffer: $('buffer'), user: $('user'), assistant: $('assistant'), function: $('function'),
     canvas: $('timeline'), model: $('model'), settings: $('settings'), mode: $('mode'),
+    transport: $('transport'), transportInfo: $('transport-info'),
   };
   const transcribing = () => vc.mode === 'transcription';
 
@@ -259,6 +267,9 @@
     ui.rtf.textContent = fmt(vc.rtf, 2);
     ui.lag.textContent = vc.lagMs == null ? '–' : `${Math.round(vc.lagMs)} ms`;
     ui.counts.textContent = `${vc.framesSent} / ${vc.framesReceived} / ${vc.framesPlayed}`;
+    ui.transportInfo.textContent = vc.transport
+      ? `${vc.transport === 'webrtc' ? 'WebRTC' : 'WebSocket'}${vc.rttMs == null ? '' : `, RTT ${Math.round(vc.rttMs)} ms`}`
+      : '–';
     if (conn && conn.player) {
       const p = conn.playerStats;
       ui.buffer.textContent = p
@@ -324,6 +335,10 @@
 
   // ---------------------------------------------------------------- the conversation
   function send(event) {
+    if (conn && conn.dc && conn.dc.readyState === 'open') {
+      conn.dc.send(JSON.stringify(event));
+      return true;
+    }
     if (conn && conn.ws && conn.ws.readyState === WebSocket.OPEN) {
       conn.ws.send(JSON.stringify(event));
       return true;
@@ -378,7 +393,7 @@
     Object.assign(vc, {
       framesSent: 0, framesReceived: 0, framesPlayed: 0, framesDropped: 0, underruns: 0,
       toolCalls: [], latencyMs: null, fps: null, rtf: null, lagMs: null, serverFrames: null, speaking: false,
-      closeCode: null, sessionId: null,
+      closeCode: null, sessionId: null, transport: null, rttMs: null, webrtcError: null,
     });
     timeline.columns = [];
     const c = {
@@ -454,10 +469,137 @@
     c.capture.port.onmessage = (event) => onCaptureMessage(c, event.data);
     ui.settings.open = false;
 
-    connect(c);
+    if (ui.transport.value === 'websocket' || transcribing() || !window.RTCPeerConnection) connect(c);
+    else connectWebRTC(c);
+  }
+
+  // ---------------------------------------------------------------- WebRTC
+  function gathered(pc, ms) {
+    // The server takes no trickled candidates: the offer goes once gathering is complete.
+    return new Promise((resolve) => {
+      if (pc.iceGatheringState === 'complete') { resolve(); return; }
+      const timer = setTimeout(resolve, ms);
+      pc.addEventListener('icegatheringstatechange', () => {
+        if (pc.iceGatheringState === 'complete') { clearTimeout(timer); resolve(); }
+      });
+    });
+  }
+
+  function authHeaders() {
+    const key = ui.apikey.value.trim();
+    return key ? { Authorization: `Bearer ${key}` } : {};
+  }
+
+  async function connectWebRTC(c) {
+    vc.transport = 'webrtc';
+    try {
+      const pc = new RTCPeerConnection();
+      c.pc = pc;
+      pc.addTrack(c.stream.getAudioTracks()[0], c.stream);
+      const dc = pc.createDataChannel('oai-events');
+      c.dc = dc;
+      dc.onmessage = (message) => {
+        if (conn !== c) return;
+        let event;
+        try {
+          event = JSON.parse(message.data);
+        } catch (error) {
+          showError('the server sent a message that is not JSON');
+          return;
+        }
+        onEvent(c, event);
+      };
+      dc.onclose = () => {
+        if (conn !== c || c.closing || !c.opened) return;
+        teardown(c);
+        setState('closed', 'the server ended the session');
+      };
+      pc.ontrack = (event) => {
+        // The browser's own jitter buffer, loss concealment and echo cancellation play it.
+        c.audio = new Audio();
+        c.audio.autoplay = true;
+        c.audio.srcObject = event.streams[0] || new MediaStream([event.track]);
+        c.audio.play().catch(() => {});
+      };
+      const opened = new Promise((resolve, reject) => {
+        dc.addEventListener('open', resolve);
+        c.connectTimer = setTimeout(() => reject(new Error('the connection did not complete')), WEBRTC_CONNECT_MS);
+      });
+      await pc.setLocalDescription(await pc.createOffer());
+      await gathered(pc, 2000);
+      const url = new URL('/v1/realtime/calls', location.href);
+      url.searchParams.set('x-voicechat', '1');  // the server's stats events
+      const r = await fetch(url.href, {
+        method: 'POST',
+        body: pc.localDescription.sdp,
+        headers: { 'Content-Type': 'application/sdp', ...authHeaders() },
+      });
+      if (conn !== c) return;
+      if (!r.ok) {
+        let body = {};
+        try { body = await r.json(); } catch (error) { /* not JSON */ }
+        const message = (body.error && body.error.message) || `HTTP ${r.status}`;
+        if (r.status === 401 || r.status === 403) {
+          fail(`the server refused the connection: ${message}`);
+          return;
+        }
+        if (r.status === 503) {
+          teardown(c);
+          setState('busy', BUSY_TEXT);
+          showError(BUSY_TEXT);
+          return;
+        }
+        throw new Error(message);
+      }
+      c.callUrl = new URL(r.headers.get('location') || '', location.href).href;
+      await pc.setRemoteDescription({ type: 'answer', sdp: await r.text() });
+      await opened;
+      clearTimeout(c.connectTimer);
+      if (conn !== c) return;
+      c.opened = true;
+      setState('connected', 'connected, starting the session…');
+      c.statsTimer = setInterval(() => pollStats(c), 1000);
+    } catch (error) {
+      if (conn !== c) return;
+      // WebRTC failed or is not offered: the WebSocket carries the conversation instead.
+      vc.webrtcError = error && error.message ? error.message : String(error);
+      closePeer(c, true);
+      connect(c);
+    }
+  }
+
+  async function pollStats(c) {
+    if (conn !== c || !c.pc) return;
+    const stats = await c.pc.getStats();
+    stats.forEach((s) => {
+      if (s.type === 'candidate-pair' && s.nominated && s.currentRoundTripTime != null) {
+        vc.rttMs = s.currentRoundTripTime * 1000;
+      } else if (s.type === 'inbound-rtp' && s.kind === 'audio' && s.totalSamplesReceived != null) {
+        const perFrame = (s.clockRate || 48000) * FRAME_MS / 1000;
+        // The browser plays what it receives (its jitter buffer conceals what was lost).
+        vc.framesReceived = Math.floor(s.totalSamplesReceived / perFrame);
+        vc.framesPlayed = vc.framesReceived;
+      }
+    });
+  }
+
+  function closePeer(c, hangup) {
+    clearTimeout(c.connectTimer);
+    clearInterval(c.statsTimer);
+    if (hangup && c.callUrl) {
+      // The server would hold the call's slot until its own connect timeout: give it back now.
+      fetch(`${c.callUrl}/hangup`, { method: 'POST', headers: authHeaders() }).catch(() => {});
+    }
+    if (c.dc) { c.dc.onclose = null; c.dc.onmessage = null; try { c.dc.close(); } catch (e) { /* closed */ } }
+    if (c.pc) try { c.pc.close(); } catch (e) { /* closed */ }
+    if (c.audio) { c.audio.srcObject = null; c.audio = null; }
+    c.dc = null;
+    c.pc = null;
+    c.callUrl = null;
   }
 
   function connect(c) {
+    vc.transport = 'websocket';
     const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
     const url = new URL(`${scheme}://${location.host}/v1/realtime`);
     if (modelId) url.searchParams.set('model', modelId);
@@ -607,6 +749,13 @@
         if (c.player) c.player.port.postMessage({ type: 'audio', samples }, [samples.buffer]);
         break;
       }
+      case 'output_audio_buffer.started':  // WebRTC: the model's audio starts on the track
+        if (!c.firstAudio && c.micStart != null) {
+          c.firstAudio = true;
+          vc.latencyMs = performance.now() - c.micStart;
+        }
+        c.receivedTimes.push(performance.now());
+        break;
       case 'response.output_audio_transcript.delta':
       case 'response.audio_transcript.delta':
         assistantLog.append(event.response_id || 'response', event.delta || '');
@@ -646,6 +795,11 @@
     pendingInput = message.rms;
     tickTimeline();
     if (message.type !== 'frame') return;
+    if (c.pc) {  // WebRTC: the microphone's track carries the audio
+      if (c.micStart == null) c.micStart = performance.now();
+      vc.framesSent += 1;
+      return;
+    }
     if (send({ type: 'input_audio_buffer.append', audio: int16ToBase64(message.pcm) })) {
       if (c.micStart == null) c.micStart = performance.now();
       vc.framesSent += 1;
@@ -680,9 +834,14 @@
     // Only an open response can be cancelled; the player is emptied either way.
     if (conn.responses.size > 0) send({ type: 'response.cancel' });
     if (conn.player) conn.player.port.postMessage({ type: 'flush' });
+    if (conn.pc) send({ type: 'output_audio_buffer.clear' });
   }
 
   function teardown(c) {
+    if (c.pc) {
+      c.closing = true;
+      closePeer(c, false);
+    }
     if (c.capture) {
       c.capture.port.postMessage({ type: 'stop' });
       c.capture.port.onmessage = null;
