@@ -394,3 +394,40 @@ def test_the_jitter_buffer_never_waits_on_a_lost_packet():
         960 * s for s in (65534, 65535, 65537, 65538)
     ]
     assert released[4] is None and buffer.late == 1
+
+
+def test_a_web_apps_page_on_another_origin_may_call(model, worker, offers):  # noqa: F811
+    """CORS for an origin the server allows: the preflight, then the answer (its Location
+    readable by the page); another origin gets neither."""
+    app = create_app(model, worker=worker, warmup=False, allow_origins=("https://app.example",))
+    with ServerThread(app) as s:
+        s.app = app
+        ask = {
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        }
+        request = urllib.request.Request(
+            s.url + "/v1/realtime/calls", headers=ask, method="OPTIONS"
+        )
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
+            allowed = {k.lower(): v for k, v in r.headers.items()}
+        assert allowed["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in allowed["access-control-allow-headers"]
+        sdp = {"Origin": "https://app.example", "Content-Type": "application/sdp"}
+        status, headers, _ = post(s, "/v1/realtime/calls", offers[0].encode(), sdp)
+        assert status == 201 and headers["access-control-allow-origin"] == "https://app.example"
+        assert "location" in headers["access-control-expose-headers"]
+        where = headers["location"]
+        assert post(s, where + "/hangup", b"", {"Origin": "https://app.example"})[0] == 200
+        wait_idle(s, timeout=5)
+        other = dict(ask, Origin="https://evil.example")
+        request = urllib.request.Request(
+            s.url + "/v1/realtime/calls", headers=other, method="OPTIONS"
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=TIMEOUT)
+        assert refused.value.code == 403
+        sdp["Origin"] = "https://evil.example"
+        status, headers, _ = post(s, "/v1/realtime/calls", offers[0].encode(), sdp)
+        assert status == 403 and "access-control-allow-origin" not in headers

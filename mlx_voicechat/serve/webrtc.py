@@ -492,9 +492,40 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
     app.state.client_secrets = store
     app.state.webrtc_calls = calls
 
-    def refused(status: int, body: dict):
+    def cors(request) -> dict:
+        """A web app's page on its own origin calls the server (with a client secret): the
+        CORS headers for an origin the server allows (``--allow-origin``), else none."""
+        origin = request.headers.get("origin")
+        if origin is None or not server.origin_allowed(
+            request.headers, request.scope.get("server")
+        ):
+            return {}
+        return {
+            "access-control-allow-origin": origin,
+            "access-control-expose-headers": "location",
+            "vary": "origin",
+        }
+
+    def refused(status: int, body: dict, request=None):
         log.warning("refused a %s request: %s", "Realtime", body["error"]["message"])
-        return JSONResponse(body, status_code=status)
+        headers = cors(request) if request is not None else {}
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    async def preflight(request: Request):
+        headers = cors(request)
+        if not headers:
+            return Response(status_code=403)
+        headers.update(
+            {
+                "access-control-allow-methods": "POST",
+                "access-control-allow-headers": "authorization, content-type",
+                "access-control-max-age": "600",
+            }
+        )
+        return Response(status_code=204, headers=headers)
+
+    for path in ("/v1/realtime/calls", "/v1/realtime/calls/{call_id}/hangup"):
+        app.add_api_route(path, preflight, methods=["OPTIONS"], include_in_schema=False)
 
     @app.post("/v1/realtime/client_secrets")
     async def client_secrets(request: Request):
@@ -525,6 +556,19 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
 
     @app.post("/v1/realtime/calls")
     async def create_call(request: Request):
+        response = await answer_call(request)
+        response.headers.update(cors(request))
+        return response
+
+    @app.post("/v1/realtime/calls/{call_id}/hangup")
+    async def hangup(call_id: str, request: Request):
+        """End a call (OpenAI's hangup): with the server's key, or the client secret that
+        admitted it."""
+        response = await end_call(call_id, request)
+        response.headers.update(cors(request))
+        return response
+
+    async def answer_call(request):
         missing = available()
         if missing is not None:
             return refused(501, error_body(missing, "webrtc_unavailable", "server_error"))
@@ -634,10 +678,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             headers={"location": f"/v1/realtime/calls/{call_id}"},
         )
 
-    @app.post("/v1/realtime/calls/{call_id}/hangup")
-    async def hangup(call_id: str, request: Request):
-        """End a call (OpenAI's hangup): with the server's key, or the client secret that
-        admitted it."""
+    async def end_call(call_id: str, request):
         call = calls.get(call_id)
         secret = bearer_secret(request.headers)
         own = call is not None and secret is not None and secret == call.secret
