@@ -518,7 +518,10 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         headers.update(
             {
                 "access-control-allow-methods": "POST",
-                "access-control-allow-headers": "authorization, content-type",
+                # what the client asks for (the Agents SDK adds X-OpenAI-Agents-SDK)
+                "access-control-allow-headers": request.headers.get(
+                    "access-control-request-headers", "authorization, content-type"
+                )[:1000],
                 "access-control-max-age": "600",
             }
         )
