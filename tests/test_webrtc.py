@@ -185,6 +185,7 @@ def test_a_conversation_over_webrtc(served):
     assert "session.updated" in types and "error" not in types, types
     assert "response.output_audio.delta" not in types
     assert types.index("output_audio_buffer.started") < types.index("output_audio_buffer.stopped")
+    assert types.index("response.created") < types.index("output_audio_buffer.started")
     heard = np.concatenate(c.heard)
     assert np.count_nonzero(np.abs(heard) > 64) > 4800, "no speech came on the track"
     wait_idle(served)

@@ -248,7 +248,7 @@ class RtcConversation(Conversation):
         for e in events:
             kind = e.get("type")
             if kind == "response.output_audio.delta":
-                self._speak(e)
+                kept += self._speak(e)
                 continue
             if kind in ("response.done", "response.output_audio.done"):
                 rid = e.get("response_id") or (e.get("response") or {}).get("id")
@@ -259,9 +259,11 @@ class RtcConversation(Conversation):
             kept.append(e)
         super().send(kept)
 
-    def _speak(self, e: dict) -> None:
+    def _speak(self, e: dict) -> list:
+        """The delta's audio onto the track; the events that go in its place, in order."""
         from .protocol import decode_pcm16
 
+        out = []
         rate = self.protocol.output_rate
         if rate != self._out_rate:
             self._out_rate, self._out_resampler = rate, Resampler(rate, WIRE_RATE)
@@ -270,11 +272,12 @@ class RtcConversation(Conversation):
         if rid != self._playing:
             if self._playing is not None:  # the last response's audio is still playing
                 self._stop_pending = self._playing
-                super().send([self._stopped()])
+                out.append(self._stopped())
             self._playing, self._stop_pending = rid, None
-            super().send([self.protocol._event("output_audio_buffer.started", response_id=rid)])
+            out.append(self.protocol._event("output_audio_buffer.started", response_id=rid))
         if samples.size:
             self.out.push(samples)
+        return out
 
     def _stopped(self) -> dict:
         rid, self._playing, self._stop_pending = self._stop_pending, None, None
