@@ -96,12 +96,14 @@ def test_two_servers_their_tools_named_and_called(http_url):
     tools = _start(specs)
     try:
         # a name two servers share is prefixed by the server; the others keep their own
-        assert [f["name"] for f in tools.functions] == ["s_add", "get_weather", "pid", "h_add", "big"]
+        names = [f["name"] for f in tools.functions]
+        assert names == ["s_add", "get_weather", "pid", "h_add", "big"]
         add = tools.functions[0]
         assert add["type"] == "function" and add["description"] == "Add two integers."
         assert set(add["parameters"]["properties"]) == {"a", "b"}
         assert tools.routes["h_add"] == ("h", "add")
-        assert (_run(tools, "s_add", '{"a": 1, "b": 2}').output, _run(tools, "h_add", '{"a": 1, "b": 5}').output) == ("3", "6")
+        assert _run(tools, "s_add", '{"a": 1, "b": 2}').output == "3"
+        assert _run(tools, "h_add", '{"a": 1, "b": 5}').output == "6"
         weather = _run(tools, "get_weather", '{"city": "Paris"}')
         assert weather.ok and json.loads(weather.output) == {"city": "Paris", "temp_c": 21}
         assert (weather.server, weather.tool, weather.seconds > 0) == ("s", "get_weather", True)
@@ -157,7 +159,8 @@ class ForcingSource(ArraySource):
 
     def __init__(self, session, ids, path, wait, frames, futures):
         super().__init__(np.zeros(1280 * frames + 199, np.float32), 16000)
-        self.session, self.ids, self.path, self.wait, self.futures = session, ids, path, wait, futures
+        self.session, self.ids, self.path, self.wait = session, ids, path, wait
+        self.futures = futures
         self.reads = 0
         self.touched = None
 
@@ -193,7 +196,8 @@ def test_chat_loop_runs_a_forced_call_and_injects_its_result(tiny, http_url, tmp
         tools.submit = lambda call: futures.append(submit(call)) or futures[-1]
         result_ids = tool_result_ids(tok, "the file is there")
         wait = 12
-        source = ForcingSource(session, ids, path, wait, len(ids) + wait + len(result_ids) + 6, futures)
+        frames = len(ids) + wait + len(result_ids) + 6
+        source = ForcingSource(session, ids, path, wait, frames, futures)
         events, outcomes = [], []
         chat_loop(session, source, ArraySink(22050), on_events=events.extend, tools=tools,
                   on_outcome=outcomes.append)
@@ -210,3 +214,54 @@ def test_chat_loop_runs_a_forced_call_and_injects_its_result(tiny, http_url, tmp
     injected = events[first : first + len(result_ids)]
     assert [e.function_id for e in injected] == result_ids and all(e.forced for e in injected)
     assert session.tool_frames == len(result_ids)
+
+
+def our_servers():
+    """Live processes of this one running the test server (zombies not counted)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == os.getpid() and "mcp_server.py" in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_chat_cli_starts_prints_and_stops_its_servers(tiny_checkpoints, monkeypatch, capsys,
+                                                      tmp_path):
+    import threading
+
+    from mlx_voicechat.cli import main
+    from mlx_voicechat.runtime import devices
+
+    class Interrupting(ArraySource):
+        """A microphone the user stops with Ctrl-C after 6 blocks."""
+
+        def read(self, n):
+            if self.position >= 6 * 1280:
+                assert our_servers()  # the stdio server runs while the conversation does
+                raise KeyboardInterrupt
+            return super().read(n)
+
+    monkeypatch.setattr(devices, "check", lambda *a: None)
+    monkeypatch.setattr(devices, "open_microphone",
+                        lambda d, r: Interrupting(np.zeros(16000, np.float32), r))
+    monkeypatch.setattr(devices, "open_speaker", lambda d, r: ArraySink(r))
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"calc": stdio("add,pid")}}))
+    argv = ["chat", "--model", str(tiny_checkpoints["mlx-community"]), "--mcp", str(config)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "MCP server calc (" in err and ": add, pid" in err and "ended after 6 frames" in err
+    assert not our_servers()  # Ctrl-C stopped the server it started
+    assert not [t for t in threading.enumerate() if t.name == "mlx-voicechat-mcp"]
+    config.write_text(json.dumps({"servers": {}}))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and '"mcpServers"' in err[0]
+    config.write_text(json.dumps({"mcpServers": {"calc": stdio("add,pid")}}))
+    assert main(argv + ["--tool-timeout", "0"]) == 2
+    assert "--tool-timeout must be > 0" in capsys.readouterr().err

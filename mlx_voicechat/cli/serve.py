@@ -93,6 +93,21 @@ def add_parser(subparsers):
         help="close an idle HTTP keep-alive connection after this long (uvicorn's "
         "timeout_keep_alive, default 5)",
     )
+    p.add_argument(
+        "--mcp-allow",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="URL prefix of MCP servers a client's mcp tools may name (repeatable; default none, "
+        "so no client makes the server connect anywhere; needs the [mcp] extra)",
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long an MCP tool call may take before it fails (default 30)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -144,6 +159,15 @@ def run(args) -> int:
         if not getattr(args, flag) > 0:
             name = "--" + flag.replace("_", "-")
             raise ServeError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
+    if not args.tool_timeout > 0:
+        raise ServeError(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
+    for prefix in args.mcp_allow:
+        if not prefix.startswith(("http://", "https://")) or "://" == prefix[-3:]:
+            raise ServeError(f"--mcp-allow takes an http:// or https:// URL prefix, not {prefix!r}")
+    if args.mcp_allow:
+        from ..runtime.mcp import require_sdk
+
+        require_sdk()  # a one-line error now rather than at a client's first mcp tool
     limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
     serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
@@ -176,6 +200,8 @@ def run(args) -> int:
         seed=args.seed,
         idle_timeout=args.idle_timeout or None,
         max_prompt_tokens=args.max_prompt_tokens,
+        mcp_allow=args.mcp_allow,
+        tool_timeout=args.tool_timeout,
     )
     open_files = raise_open_file_limit(saved_limits, limits.files_needed)
     fitted = limits.fitted(open_files)

@@ -151,6 +151,7 @@ class ToolOutcome:
     output: str = ""
     error: Optional[str] = None
     seconds: float = 0.0
+    kind: str = "ok"  # see MCPClient.call
 
     @property
     def ok(self) -> bool:
@@ -333,17 +334,19 @@ class MCPClient:
         return self._submit(start())
 
     def call(self, server: str, tool: str, arguments: Mapping[str, Any]) -> Future:
-        """Call ``tool`` on ``server``; the future's result is ``(text, error or None)`` and
-        never an exception: a timeout, a dead server, a tool error and an oversized result are
-        error texts."""
+        """Call ``tool`` on ``server``; the future's result is ``(text, error or None, kind)``
+        and never an exception: a timeout, a dead server, a tool error and an oversized result
+        are error texts; ``kind`` is ``"ok"``, ``"tool"`` (the tool said it failed),
+        ``"timeout"``, ``"closed"`` (the server is gone), ``"too_large"`` or ``"protocol"``."""
         return self._submit(self._call(server, tool, dict(arguments)))
 
-    async def _call(self, server: str, tool: str, arguments: dict) -> Tuple[str, Optional[str]]:
+    async def _call(self, server: str, tool: str, arguments: dict):
         conn = self._connections.get(server)
         if conn is None:
-            return "", f"there is no MCP server {server!r}"
+            return "", f"there is no MCP server {server!r}", "closed"
         if conn.session is None or (conn.task is not None and conn.task.done()):
-            return "", f"the MCP server {server!r} is not running ({conn.gone or 'not started'})"
+            why = conn.gone or "not started"
+            return "", f"the MCP server {server!r} is not running ({why})", "closed"
         call = asyncio.ensure_future(conn.session.call_tool(tool, arguments))
         gone = asyncio.ensure_future(_watch(conn))
         try:
@@ -355,8 +358,8 @@ class MCPClient:
             call.cancel()
             if gone in done:
                 reason = conn.gone or "its connection ended"
-                return "", f"the MCP server {server!r} stopped during the call ({reason})"
-            return "", f"the tool {tool!r} did not answer within {self.timeout:g} s"
+                return "", f"the MCP server {server!r} stopped during the call ({reason})", "closed"
+            return "", f"the tool {tool!r} did not answer within {self.timeout:g} s", "timeout"
         try:
             result = call.result()
         except BaseException as e:  # noqa: BLE001
@@ -367,17 +370,18 @@ class MCPClient:
                 conn.session = None
                 if conn.stop is not None:
                     conn.stop.set()
-                return "", f"the MCP server {server!r} stopped during the call ({conn.gone})"
-            return "", f"the tool {tool!r} failed: {_describe(e)}"
+                message = f"the MCP server {server!r} stopped during the call ({conn.gone})"
+                return "", message, "closed"
+            return "", f"the tool {tool!r} failed: {_describe(e)}", "protocol"
         text = result_text(result)
         if getattr(result, "is_error", False):
-            return "", f"the tool {tool!r} failed: {_one_line(text) or 'no message'}"
+            return "", f"the tool {tool!r} failed: {_one_line(text) or 'no message'}", "tool"
         if len(text) > self.max_result_chars:
             return "", (
                 f"the tool {tool!r} returned {len(text)} characters; at most "
                 f"{self.max_result_chars} are passed on, so the result was dropped"
-            )
-        return text, None
+            ), "too_large"
+        return text, None, "ok"
 
     def running(self, server: str) -> bool:
         conn = self._connections.get(server)
@@ -504,8 +508,9 @@ class MCPTools:
         self.in_flight += 1
         out: Future = Future()
 
-        def finish(text, error):
+        def finish(text, error, kind="protocol"):
             outcome.output, outcome.error = (text, None) if error is None else (error, error)
+            outcome.kind = "ok" if error is None else kind
             outcome.seconds = time.monotonic() - t0
             self._finished.put(outcome)
             out.set_result(outcome)
@@ -513,12 +518,12 @@ class MCPTools:
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError as e:
-            finish("", f"the arguments are not JSON: {e}")
+            finish("", f"the arguments are not JSON: {e}", "arguments")
             return out
         try:
             inner = self.client.call(server, tool, arguments)
         except MCPError as e:
-            finish("", str(e))
+            finish("", str(e), "closed")
             return out
         inner.add_done_callback(
             lambda f: finish(*f.result()) if not f.cancelled() and f.exception() is None

@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
+from .mcp_tools import McpPolicy
 from .protocol import Realtime
 from .server import MAX_PROMPT_TOKENS, Server
 from .transcription_connection import serve_connection, warm_up
@@ -63,6 +64,8 @@ def create_app(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     vendor: Optional[dict] = None,
     health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
+    mcp_allow: Iterable[str] = (),
+    tool_timeout: float = 30.0,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -81,7 +84,9 @@ def create_app(
     takes, in tokens; longer instructions are refused by their length before any tokenizing.
     ``vendor``: fields of the vendor object ``x-voicechat`` in ``session.created`` (e.g. which
     replica serves it). ``health_extra``: an async function whose dict is added to
-    ``/health``'s."""
+    ``/health``'s. ``mcp_allow``: URL prefixes of the MCP servers a client's ``mcp`` tools may
+    name (none by default: no ``mcp`` tool is accepted); ``tool_timeout``: seconds an MCP call
+    (and a server's start) may take."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
@@ -106,6 +111,7 @@ def create_app(
         max_prompt_tokens=max_prompt_tokens,
     )
     server.vendor = dict(vendor or {})
+    server.mcp = McpPolicy(tuple(mcp_allow), float(tool_timeout))
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
     @contextlib.asynccontextmanager

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .mcp_tools import McpRunner
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -44,8 +45,10 @@ class Conversation(Channel):
                 server.model_id,
                 max_instructions_chars=server.max_instructions_chars,
                 extensions=wants_extensions(websocket),
+                mcp=getattr(server, "mcp", None),
             ),
         )
+        self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
@@ -136,6 +139,7 @@ class Conversation(Channel):
     def free(self) -> None:
         """Give the slot back now; the session is closed on the worker after its current job."""
         super().free()
+        self.mcp.close()
 
         def close():
             if self.session is not None:

@@ -1,0 +1,147 @@
+"""chat --mcp keeps the 80 ms clock while a tool runs: frames against the wall clock.
+
+    python benchmarks/bench_mcp.py [--model DIR] [--seconds 8] [--tool-seconds 3]
+
+Drives ``cli.chat.chat_loop`` (what ``chat --mcp`` runs) with a microphone stand-in that hands
+out an 80 ms block when its time has come, as a real one does, on the tiny random-weight
+checkpoint (or ``--model``), once with the test MCP server over stdio and once over streamable
+HTTP on 127.0.0.1. A call to its ``wait_for`` tool is forced on the function channel (random
+weights never write one); the tool answers ``--tool-seconds`` after the call, its result is
+injected, and the conversation goes on to ``--seconds``. For each frame: how late the loop came
+back for the next block (0 when it was waiting for the microphone). Printed: the frames run
+while the tool ran, the latest of them in ms and in frames (the bound the issue sets: none
+later than one frame), and the same for the frames outside the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "tests" / "mcp_server.py"
+FRAME = 0.08
+
+
+class PacedSource:
+    """Silence, one block per 80 ms of wall clock; forces ``ids`` from block 1 on and records
+    how late each read came (the loop's lateness)."""
+
+    def __init__(self, session, ids, seconds, on_read):
+        self.sample_rate = 16000
+        self.session, self.ids, self.on_read = session, ids, on_read
+        self.blocks = int(seconds / FRAME)
+        self.k, self.t0, self.late = 0, None, []
+
+    def read(self, n):
+        if self.k >= self.blocks:
+            return None
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0 = now
+        due = self.t0 + self.k * FRAME
+        self.late.append(max(0.0, now - due))
+        if now < due:
+            time.sleep(due - now)
+        if 1 <= self.k <= len(self.ids):
+            self.session.force(function_id=self.ids[self.k - 1])
+        self.on_read(self.k)
+        self.k += 1
+        return np.zeros(n, np.float32)
+
+
+class NullSink:
+    sample_rate = 22050
+
+    def write(self, samples):
+        pass
+
+
+def run(model, transport, seconds, tool_seconds, http_url):
+    from mlx_voicechat.cli.chat import chat_loop
+    from mlx_voicechat.runtime.mcp import MCPTools, parse_config
+
+    if transport == "stdio":
+        server = {"command": sys.executable, "args": [str(SERVER), "stdio", "--only", "wait_for"]}
+    else:
+        server = {"url": http_url, "allowedTools": ["wait_for"]}
+    tools = MCPTools(parse_config({"mcpServers": {"t": server}}))
+    try:
+        tools.start()
+        session = model.session("Be brief.", tools=tools.functions)
+        tok = model.tokenizer
+        path = Path(tempfile.mkdtemp()) / "go"
+        text = json.dumps([{"name": "wait_for", "arguments": {"path": str(path)}}])
+        start, end = tok.convert_tokens_to_ids(["<SPECIAL_20>", "<SPECIAL_21>"])
+        ids = [start] + tok.encode(f"<TOOLCALL>{text}</TOOLCALL>", add_special_tokens=False)
+        ids.append(end)
+        state = {"called": None, "done": None}
+
+        def on_events(events):
+            for e in events:
+                if e.tool_calls and state["called"] is None:
+                    state["called"] = session.frames
+                    timer = threading.Timer(tool_seconds, path.touch)
+                    timer.daemon = True
+                    timer.start()
+
+        def on_outcome(outcome):
+            state["done"] = session.frames
+            state["outcome"] = outcome
+
+        source = PacedSource(session, ids, seconds, lambda k: None)
+        chat_loop(session, source, NullSink(), on_events=on_events, tools=tools,
+                  on_outcome=on_outcome)
+    finally:
+        tools.close()
+    late = np.array(source.late[1:]) * 1000
+    a, b = state["called"], state["done"]
+    if a is None or b is None:
+        print(f"{transport}: the call did not complete (called at {a}, done at {b})")
+        return
+    during, outside = late[a:b], np.concatenate([late[:a], late[b:]])
+    print(
+        f"{transport:5s}: tool ran {b - a} frames ({state['outcome'].seconds:.2f} s, "
+        f"{'ok' if state['outcome'].ok else state['outcome'].error}); frames late while it ran: "
+        f"max {during.max():.1f} ms = {during.max() / 80:.2f} frames, mean {during.mean():.1f} ms; "
+        f"outside: max {outside.max():.1f} ms = {outside.max() / 80:.2f} frames; "
+        f"result injected over {session.tool_frames} frames"
+    )
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny one)")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--tool-seconds", type=float, default=3.0)
+    args = ap.parse_args(argv)
+    import subprocess
+
+    from mlx_voicechat import load
+
+    if args.model is None:
+        from mlx_voicechat.factory import make_checkpoint
+
+        folder = Path(tempfile.mkdtemp()) / "tiny"
+        args.model = make_checkpoint(folder, "tiny", "mlx-community", seed=0)
+    model = load(args.model)
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}/mcp"
+        for transport in ("stdio", "http"):
+            run(model, transport, args.seconds, args.tool_seconds, url)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
