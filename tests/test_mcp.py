@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -121,10 +120,8 @@ def test_every_failure_is_a_result_the_model_hears(tmp_path):
     tools = _start(specs, timeout=5.0)
     try:
         pid = int(_run(tools, "pid").output)
-        t0 = time.monotonic()
         hang = _run(tools, "hang")
         assert hang.error == "the tool 'hang' did not answer within 5 s"
-        assert time.monotonic() - t0 < 30
         fail = _run(tools, "fail", '{"reason": "no network"}')
         assert not fail.ok and "the tool failed: no network" in fail.output
         bad = _run(tools, "add", "{not json")
@@ -134,6 +131,21 @@ def test_every_failure_is_a_result_the_model_hears(tmp_path):
         after = _run(tools, "add", '{"a": 1, "b": 1}')
         assert after.error.startswith("the MCP server 's' is not running")
         assert gone(pid)
+        # what chat does with them: each one a result the model hears, errors as {"error"}
+        from mlx_voicechat.cli.chat import inject_results
+
+        class Heard:
+            def __init__(self):
+                self.results = []
+
+            def add_tool_result(self, call_id, output):
+                self.results.append(output)
+
+        heard = Heard()
+        done = inject_results(heard, tools)
+        assert [o.kind for o in done] == ["ok", "timeout", "tool", "arguments", "closed", "closed"]
+        assert heard.results[0] == str(pid)
+        assert heard.results[1:] == [{"error": o.error} for o in done[1:]]
     finally:
         tools.close()
     # a server that does not start, too many tools, a tool the server lacks: one line each

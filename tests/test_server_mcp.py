@@ -141,6 +141,72 @@ def _call_frame(call_id):
     return f
 
 
+# --- the runner: a real MCP server over HTTP, calls that fail -----------------------------------
+
+
+class _Conversation:
+    """What McpRunner needs of a connection: the protocol, send and command."""
+
+    def __init__(self, protocol):
+        self.protocol, self.sent, self.commands = protocol, [], []
+
+    def send(self, events):
+        self.sent += events
+
+    def command(self, c):
+        self.commands.append(c)
+
+
+def test_runner_turns_every_failure_into_a_failed_call_the_model_hears():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlx_voicechat.serve.mcp_tools import McpRunner
+
+    server = Path(__file__).with_name("mcp_server.py")
+    proc = subprocess.Popen([sys.executable, str(server), "http", "--only", "hang,fail,big,die"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}/mcp"
+        policy = McpPolicy((url,), timeout=3.0)
+        p = Realtime("m", mcp=policy)
+        conv = _Conversation(p)
+
+        async def main():
+            runner = McpRunner(conv, policy)
+            try:
+                send(p, type="session.update", session={"tools": [mcp_tool(url)]})
+                while not any(e["type"].startswith("mcp_list_tools.c") for e in conv.sent):
+                    await asyncio.sleep(0.02)
+                for n, name in enumerate(["hang", "fail", "big", "die", "fail"]):
+                    f = frame(n)
+                    f.tool_calls = [ToolCall(f"call_{n}", name, "{}")]
+                    p.frames([f])
+                    while len(conv.commands) <= n:
+                        await asyncio.sleep(0.02)
+            finally:
+                runner.close()
+
+        asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        proc.kill()
+        proc.wait(10)
+    failed = [e for e in conv.sent if e["type"] == "response.output_item.done"]
+    errors = [e["item"]["error"] for e in failed]
+    assert [e["type"] for e in errors] == ["protocol_error", "tool_execution_error",
+                                           "protocol_error", "protocol_error", "protocol_error"]
+    assert errors[0] == {"type": "protocol_error", "code": -32001,
+                         "message": "the tool 'hang' did not answer within 3 s"}
+    assert "the tool failed: broken" in errors[1]["message"]
+    assert "returned 1048576 characters" in errors[2]["message"]
+    assert errors[3]["code"] == -32000 and errors[4]["code"] == -32000  # the server is gone
+    heard = [json.loads(c.output) for c in conv.commands]
+    assert heard == [{"error": e["message"]} for e in errors]
+    assert sum(e["type"] == "response.mcp_call.failed" for e in conv.sent) == 5
+    assert all(openai_parses(conv.sent))
+
+
 # --- a stock openai client, a real server, a real MCP server over HTTP -------------------------
 
 pytest.importorskip("fastapi")

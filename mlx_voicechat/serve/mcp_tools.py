@@ -33,7 +33,7 @@ log = logging.getLogger("mlx_voicechat.serve")
 
 DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
 MAX_RESULT_CHARS = 4000  # characters of a result passed to the model
-MAX_RESPONSE_BYTES = 1 << 20  # an MCP server's one streamed event, read at most
+MAX_RESPONSE_BYTES = 4 << 20  # an MCP server's one streamed event, read at most
 ERROR_CODES = {"timeout": -32001, "closed": -32000}  # JSON-RPC codes the MCP SDK uses
 
 
