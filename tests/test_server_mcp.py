@@ -275,3 +275,16 @@ def test_stock_openai_client_lists_and_a_forced_call_completes(model, worker, ht
     assert item.id == completed.item_id and json.loads(item.output)["temp_c"] == 21
     assert seen["x-voicechat.tool_result.queued"][0].model_dump()["frames"] > 0  # to the model
     assert "s3cret" not in caplog.text  # a client's headers are never logged
+
+
+def test_serve_mcp_flags_are_checked_before_anything_starts(capsys):
+    from mlx_voicechat.cli import main
+
+    for flags, words in [
+        (["--mcp-allow", "ftp://127.0.0.1/"], "--mcp-allow takes an http:// or https:// URL prefix"),
+        (["--mcp-allow", "http://"], "--mcp-allow takes an http:// or https:// URL prefix"),
+        (["--tool-timeout", "0"], "--tool-timeout must be > 0 seconds"),
+    ]:
+        assert main(["serve", "--model", "no-such-model", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err

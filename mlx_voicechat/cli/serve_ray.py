@@ -163,6 +163,8 @@ def run(args, key, model_id: str) -> int:
             silence_feed=not args.no_silence_feed,
             max_lag_seconds=args.max_lag_seconds,
             seed=args.seed,
+            mcp_allow=list(args.mcp_allow),
+            tool_timeout=args.tool_timeout,
         )
         deployed = True
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
