@@ -281,8 +281,8 @@ def test_serve_mcp_flags_are_checked_before_anything_starts(capsys):
     from mlx_voicechat.cli import main
 
     for flags, words in [
-        (["--mcp-allow", "ftp://127.0.0.1/"], "--mcp-allow takes an http:// or https:// URL prefix"),
-        (["--mcp-allow", "http://"], "--mcp-allow takes an http:// or https:// URL prefix"),
+        (["--mcp-allow", "ftp://127.0.0.1/"], "--mcp-allow takes an http:// or https://"),
+        (["--mcp-allow", "http://"], "--mcp-allow takes an http:// or https://"),
         (["--tool-timeout", "0"], "--tool-timeout must be > 0 seconds"),
     ]:
         assert main(["serve", "--model", "no-such-model", *flags]) == 2
