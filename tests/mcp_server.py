@@ -82,6 +82,7 @@ def main(argv):
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections wait in the backlog until uvicorn has started
     print(sock.getsockname()[1], flush=True)
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +44,16 @@ def http_url():
 
 
 def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie of ours is gone too (its parent, this process, has not reaped it yet)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
+    """The process has ended (a zombie counts: its parent, this process, may not have reaped
+    it yet); an exiting process is given a moment to end."""
+    for _ in range(200):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_config_and_sdk_errors_are_one_line(monkeypatch):
@@ -68,6 +71,8 @@ def test_config_and_sdk_errors_are_one_line(monkeypatch):
             parse_config(bad)
     spec = parse_config({"mcpServers": {"h": {"url": "http://x/mcp", "headers": {"A": "secret"}}}})
     assert "secret" not in repr(spec) and spec[0].where == "http://x/mcp"
+    spec = parse_config({"mcpServers": {"h": {"url": "https://u:pw@x:8443/mcp?key=k3y"}}})
+    assert spec[0].where == "https://x:8443/mcp"
     monkeypatch.setitem(sys.modules, "mcp", None)
     with pytest.raises(MCPError, match=r"pip install 'mlx-voicechat\[mcp\]'"):
         require_sdk()
@@ -228,8 +233,18 @@ def test_chat_loop_runs_a_forced_call_and_injects_its_result(tiny, http_url, tmp
     assert session.tool_frames == len(result_ids)
 
 
-def our_servers():
-    """Live processes of this one running the test server (zombies not counted)."""
+def our_servers(settle=False):
+    """Live stdio test servers this process started (zombies not counted); with
+    ``settle``, those still there after a moment to end."""
+    for _ in range(100 if settle else 1):
+        found = _our_servers()
+        if not found:
+            return found
+        time.sleep(0.05)
+    return found
+
+
+def _our_servers():
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -237,7 +252,8 @@ def our_servers():
             cmd = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[1]) == os.getpid() and "mcp_server.py" in cmd:
+        ours = int(fields[1]) == os.getpid() and "mcp_server.py\x00stdio" in cmd
+        if fields[0] != "Z" and ours:
             found.append(cmd)
     return found
 
@@ -268,7 +284,7 @@ def test_chat_cli_starts_prints_and_stops_its_servers(tiny_checkpoints, monkeypa
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "MCP server calc (" in err and ": add, pid" in err and "ended after 6 frames" in err
-    assert not our_servers()  # Ctrl-C stopped the server it started
+    assert not our_servers(settle=True)  # Ctrl-C stopped the server it started
     assert not [t for t in threading.enumerate() if t.name == "mlx-voicechat-mcp"]
     config.write_text(json.dumps({"servers": {}}))
     assert main(argv) == 2

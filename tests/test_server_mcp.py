@@ -53,6 +53,10 @@ def test_only_allowed_urls_and_a_clear_error_otherwise():
         events, _ = send(p, type="session.update", session={"tools": [mcp_tool(url)]})
         assert events[0]["type"] == "error" and p.mcp.outbox == [], url
     assert openai_parses(events) == ["RealtimeErrorEvent", "SessionUpdatedEvent"]
+    secret = "http://user:pw@127.0.0.1:8124/mcp?token=t0ken"
+    events, _ = send(p, type="session.update", session={"tools": [mcp_tool(secret)]})
+    assert "'http://127.0.0.1:8124/mcp' is not an MCP server" in events[0]["error"]["message"]
+    assert "t0ken" not in json.dumps(events) and "pw" not in events[0]["error"]["message"]
 
 
 def _listed(p):

@@ -58,6 +58,20 @@ def require_sdk():
 # --- the config ---------------------------------------------------------------------------
 
 
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed or logged: no user, password, query or fragment (they may
+    hold secrets), at most 200 characters."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+        netloc = (u.hostname or "") + (f":{u.port}" if u.port else "")
+    except ValueError:
+        return "(not a URL)"
+    return urlunsplit((u.scheme, netloc, u.path, "", ""))[:200]
+
+
+
 @dataclass
 class ServerSpec:
     """One MCP server: a command to start (stdio) or a URL (streamable HTTP)."""
@@ -72,9 +86,10 @@ class ServerSpec:
 
     @property
     def where(self) -> str:
-        """What to show a person: the command line or the URL (never headers or env)."""
+        """What to show a person: the command line or the URL (never headers or env, nor a
+        URL's user, password or query)."""
         if self.url is not None:
-            return self.url
+            return shown_url(self.url)
         return " ".join([self.command or "", *self.args])
 
 

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..runtime.mcp import shown_url
 from ..runtime.tools import MAX_TOOLS
 from .wire import Event, ProtocolError, ToolResult, _new_id
 
@@ -173,7 +174,7 @@ class McpTools:
             allowed = ", ".join(self.policy.allow) or "none: start serve with --mcp-allow PREFIX"
             raise ProtocolError(
                 "mcp_server_not_allowed",
-                f"server_url {url[:200]!r} is not an MCP server this server may connect to "
+                f"server_url {shown_url(url)!r} is not an MCP server this server may connect to "
                 f"(allowed prefixes: {allowed})",
                 f"{param}.server_url",
             )
