@@ -135,7 +135,7 @@ def run(args) -> int:
     saved_limits = open_file_limits()
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise ServeError(
             f"serving needs FastAPI and uvicorn ({e.name} is missing): "

@@ -68,6 +68,7 @@ def create_app(
     health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
     metrics: Optional[str] = "prometheus",
     metrics_public: bool = False,
+    metric_tags: Optional[dict] = None,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -88,7 +89,8 @@ def create_app(
     replica serves it). ``health_extra``: an async function whose dict is added to
     ``/health``'s. ``metrics``: where the series of :mod:`.metrics` go: ``"prometheus"``
     (``GET /metrics``), ``"ray"`` (Ray's metrics; ``/metrics`` answers 404) or None.
-    ``metrics_public``: ``/metrics`` without the key (by default it asks for ``api_key``)."""
+    ``metrics_public``: ``/metrics`` without the key (by default it asks for ``api_key``).
+    ``metric_tags``: with Ray's metrics, tags of every series (e.g. the replica)."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
@@ -112,6 +114,7 @@ def create_app(
         idle_timeout=idle_timeout,
         max_prompt_tokens=max_prompt_tokens,
         metrics=metrics,
+        metric_tags=metric_tags,
     )
     server.vendor = dict(vendor or {})
     static = Path(static_dir) if static_dir is not None else STATIC_DIR

@@ -86,8 +86,14 @@ class Metrics:
     with the replica by Ray) or ``None`` (nothing recorded). ``live``: the live conversations
     now (read at scrape time with Prometheus, set on each change with Ray)."""
 
-    def __init__(self, backend: Optional[str], live: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        backend: Optional[str],
+        live: Callable[[], int] = lambda: 0,
+        tags: Optional[Dict[str, str]] = None,
+    ):
         self.backend = backend
+        self._tags = dict(tags or {})  # with Ray: tags of every series (the replica)
         self._live = live
         self._series: Dict[str, object] = {}
         self.registry = None
@@ -118,12 +124,15 @@ class Metrics:
         from ray.util import metrics as rm
 
         for name, (kind, doc, labels, buckets) in SERIES.items():
+            keys = tuple(labels) + tuple(self._tags)
             if kind == "histogram":
-                s = rm.Histogram(PREFIX + name, doc, boundaries=list(buckets), tag_keys=labels)
+                s = rm.Histogram(PREFIX + name, doc, boundaries=list(buckets), tag_keys=keys)
             else:
                 s = {"counter": rm.Counter, "gauge": rm.Gauge}[kind](
-                    PREFIX + name, doc, tag_keys=labels
+                    PREFIX + name, doc, tag_keys=keys
                 )
+            if self._tags:
+                s.set_default_tags(self._tags)
             self._series[name] = _RaySeries(s)
 
     # -- what the server records --

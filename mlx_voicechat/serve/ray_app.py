@@ -19,6 +19,11 @@ restarts replicas that die and, with ``min_replicas`` / ``max_replicas``, autosc
   replicas live, sessions in use and capacity, from the reports every replica sends to a
   deployment-scoped actor (:class:`SessionBoard`) whenever their sessions change.
 - ``session.created`` names its replica in the vendor field ``x-voicechat``.
+- **Metrics.** Each replica records the series of :mod:`.metrics` through Ray's own metrics
+  (``ray.util.metrics``, tagged ``replica``): Ray's Prometheus export carries them (the
+  replica's ``/metrics`` answers 404 and says so).
+- **Stopping.** A replica Ray stops tells its conversations (``server_shutting_down``, close
+  1012) and ends its worker first.
 
 Config files (``serve run`` / ``serve deploy``) use the import path
 ``mlx_voicechat.serve.ray_app:app_builder`` with the arguments of :func:`app_builder`.
@@ -120,6 +125,8 @@ class VoiceChatReplica:
             model_id=self.model_id,
             vendor={"replica": self.name, "node": self.node},
             health_extra=self.deployment_health,
+            metrics="ray",
+            metric_tags={"replica": self.name},
             **self.app_options,
         )
         self.server = app.state.server
@@ -187,10 +194,19 @@ class VoiceChatReplica:
         }
 
     async def __del__(self):
+        """Ray stops the replica (its deployment deleted, scaled down): every live conversation
+        hears ``server_shutting_down`` and close 1012, and the worker ends before the process
+        does (an MLX thread alive at the interpreter's end aborts it)."""
         if hasattr(self, "_reporter"):  # (not where __init__ failed)
             self._reporter.cancel()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.begin_shutdown()
+            await server.drained(DRAIN_SECONDS / 2)
         with contextlib.suppress(Exception):
             await self._board.forget.remote(self.name)
+        if server is not None:
+            await asyncio.to_thread(server.worker.stop, DRAIN_SECONDS / 4)
 
     # -- a replica without a model --
 

@@ -51,6 +51,7 @@ class Server:
         idle_timeout: Optional[float] = None,
         max_prompt_tokens: int = MAX_PROMPT_TOKENS,
         metrics: Optional[str] = "prometheus",
+        metric_tags: Optional[dict] = None,
     ):
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
@@ -71,7 +72,7 @@ class Server:
         self.session_options = dict(session_options or {})
         self.worker = Worker.shared() if worker is None else worker
         self.stepper = Stepper(model, self.worker, self.max_sessions)
-        self.metrics = Metrics(metrics, live=lambda: self.active)
+        self.metrics = Metrics(metrics, live=lambda: self.active, tags=metric_tags)
         self.stepper.on_step = self.metrics.step
         self.idle_timeout = float(idle_timeout) if idle_timeout else None
         self.max_prompt_tokens, self.max_instructions_chars = prompt_bounds(
