@@ -209,6 +209,42 @@ def test_a_signal_while_the_worker_is_busy_ends_the_server_cleanly(checkpoint, t
         assert errors[-1]["error"]["type"] == "server_error"
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_stream_is_one_line_and_no_partial_output(checkpoint, tmp_path, signum):
+    # `stream --realtime` runs as long as its audio (6 s) and more: the signal comes while it
+    # loads or steps frames; either way one line, no traceback, and the WAV whole or absent.
+    import numpy as np
+    import soundfile as sf
+
+    audio, out = tmp_path / "long.wav", tmp_path / "out.wav"
+    sf.write(audio, 0.05 * np.random.default_rng(0).standard_normal(6 * 16000), 16000)
+    argv = [sys.executable, "-m", "mlx_voicechat", "stream", "--model", str(checkpoint)]
+    argv += ["--audio", str(audio), "--realtime", "--output-audio", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
+    time.sleep(10.0)  # (here: about 7 s to load and warm up, then 9 s of frames)
+    proc.send_signal(signum)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = "interrupted" if signum == signal.SIGINT else f"terminated ({signum.name})"
+    assert proc.returncode == 128 + signum, err
+    assert err.strip().splitlines()[-1] == f"mlx-voicechat stream: {said}", err
+    assert "Traceback" not in err and "terminate called" not in err, err
+    assert {p.name for p in tmp_path.iterdir()} <= {"long.wav", "out.wav"}  # no temporary left
+    if out.exists():
+        assert sf.info(out).frames > 0
+
+
 # --- GET /metrics -----------------------------------------------------------------------------
 
 
@@ -292,3 +328,47 @@ def test_metrics_ask_for_the_key_unless_public(served):
     with ServerThread(app) as public:
         status, body = _get(f"http://127.0.0.1:{public.port}/metrics")
     assert status == 200 and "voicechat_conversations_live 0.0" in body
+
+
+def test_the_ray_backend_records_the_same_series_tagged_with_the_replica(monkeypatch):
+    # ray.util.metrics as a recorder (its real export is tests/test_ray.py's): the same calls
+    # reach Ray's series, each with the replica's tag.
+    ray_util = pytest.importorskip("ray.util")
+    from types import SimpleNamespace
+
+    from mlx_voicechat.serve.metrics import PREFIX, SERIES, Metrics
+
+    made, calls = {}, []
+
+    class Series:
+        def __init__(self, name, description, boundaries=None, tag_keys=()):
+            made[name] = self
+            self.name, self.tag_keys, self.boundaries, self.default = name, tag_keys, boundaries, {}
+
+        def set_default_tags(self, tags):
+            self.default = dict(tags)
+
+        def inc(self, n=1, tags=None):
+            calls.append((self.name, "inc", n, {**self.default, **(tags or {})}))
+
+        def observe(self, v, tags=None):
+            calls.append((self.name, "observe", v, {**self.default, **(tags or {})}))
+
+        def set(self, v, tags=None):
+            calls.append((self.name, "set", v, {**self.default, **(tags or {})}))
+
+    fake = SimpleNamespace(Counter=Series, Gauge=Series, Histogram=Series)
+    monkeypatch.setattr(ray_util, "metrics", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "ray.util.metrics", fake)
+    live = [3]
+    m = Metrics("ray", live=lambda: live[0], tags={"replica": "r1"})
+    assert m.registry is None and set(made) == {PREFIX + n for n in SERIES}
+    assert all(s.tag_keys[-1] == "replica" for s in made.values())
+    m.opened()
+    m.error_sent("invalid_json")
+    m.step([2, 1], 0.1)
+    assert (PREFIX + "conversations_live", "set", 3, {"replica": "r1"}) in calls
+    assert (PREFIX + "error_events", "inc", 1, {"replica": "r1", "code": "invalid_json"}) in calls
+    assert (PREFIX + "frames", "inc", 3, {"replica": "r1"}) in calls
+    sizes = [c[2] for c in calls if c[0] == PREFIX + "batch_size"]
+    assert sizes == [2, 1]  # two batched frames: both conversations, then the one with two

@@ -544,6 +544,26 @@ def test_capacity_then_busy_1013_at_once(deployment):
     run(main())
 
 
+def test_every_replica_reports_the_series_through_rays_metrics(deployment, cluster):
+    """The replicas (both stepped frames in the tests above) record the server's series
+    through ``ray.util.metrics``, tagged with the replica: Ray's Prometheus export carries
+    them. A replica's own ``/metrics`` says where they are."""
+    status, body = get(deployment + "/metrics")
+    assert status == 404 and b"Ray's own metrics" in body
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in nodes]
+    deadline = time.monotonic() + 60  # (a worker hands its metrics to Ray every few seconds)
+    while True:
+        text = "".join(get(url)[1].decode() for url in urls)
+        replicas = set(re.findall(r'ray_voicechat_frames_total\{[^}]*replica="([^"]+)"', text))
+        if len(replicas) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert len(replicas) >= 2, [line for line in text.splitlines() if "voicechat" in line]
+    for series in ("frame_step_seconds_bucket", "conversations_opened_total", "batch_size_sum"):
+        assert f"ray_voicechat_{series}" in text, series
+
+
 def test_a_killed_replica_loses_only_its_sessions_and_comes_back(deployment, reference):
     x, want = reference
 
