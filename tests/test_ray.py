@@ -705,12 +705,43 @@ def test_cli_sigterm_stops_everything_it_started(cli, cluster):
     ours = cli["ours"] = _cluster_processes(cli["proc"].pid)
     assert len(ours) > 3, "the cluster's daemons, workers and replicas"
     ray.shutdown()  # this driver first: its cluster goes away
+    live = _LiveSession(cli["url"].replace("http", "ws") + "/v1/realtime")
+    assert live.created.wait(TIMEOUT), live.events
     t0 = time.monotonic()
     rc = _stop_cli(cli["proc"], cli["out"], signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, "".join(cli["out"][-30:])
     assert any("mlx-voicechat serve: stopped" in line for line in cli["out"])
     took = _nothing_left(cli["proc"], ours, t0)
     print(f"nothing left {took:.1f} s after SIGTERM", file=sys.stderr)
+    live.join(TIMEOUT)
+    # the session open at the stop was told, as a single server tells it
+    assert live.events[-1]["type"] == "error", live.events[-3:]
+    assert live.events[-1]["error"]["code"] == "server_shutting_down"
+    assert live.close_code == 1012
+
+
+class _LiveSession(threading.Thread):
+    """A conversation read on a thread of its own until its close."""
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.events, self.close_code = url, [], None
+        self.created = threading.Event()
+        self.start()
+
+    def run(self):
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.client import connect
+
+        try:
+            with connect(self.url, open_timeout=TIMEOUT) as ws:
+                while True:
+                    self.events.append(json.loads(ws.recv(3 * TIMEOUT)))
+                    self.created.set()
+        except ConnectionClosed as e:
+            self.close_code = e.rcvd.code if e.rcvd is not None else None
+        finally:
+            self.created.set()
 
 
 def test_cli_ctrl_c_leaves_nothing_behind(checkpoint):

@@ -28,7 +28,7 @@ RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
 # Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
 SERVE_LOG_LEVELS = {"debug": "DEBUG", "info": "WARNING", "warning": "WARNING", "error": "ERROR"}
 READY_TIMEOUT = 30.0  # seconds for /health to answer once Ray says the replicas run
-LEFTOVER_GRACE = 3.0  # seconds the local cluster's processes get to end after ray.shutdown()
+LEFTOVER_GRACE = 2.0  # seconds the local cluster's processes get to end after ray.shutdown()
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans below this process become its children
 
 
@@ -204,12 +204,14 @@ def _take_back_signals() -> None:
 def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> None:
     """Delete this deployment; stop Serve if this started it and nothing else runs on it, and
     the cluster if this started it."""
-    from ..serve.ray_app import APP_NAME
+    from ..serve.ray_app import APP_NAME, stop_sessions
 
     started = _descendants() if local else {}
     try:
         if deployed:
-            say("stopping: deleting the deployment (open sessions get a few seconds)")
+            say("stopping: the open sessions are told, then the deployment is deleted")
+            with contextlib.suppress(Exception):  # (a board gone: Ray's drain still runs)
+                stop_sessions()
             serve.delete(APP_NAME)
         if local or (started_serve and not serve.status().applications):
             serve.shutdown()
@@ -265,7 +267,7 @@ def _end_processes(started: dict, grace: float) -> int:
                     out.append(p)
         return out
 
-    deadline = time.monotonic() + grace / 2
+    deadline = time.monotonic() + grace / 4
     while alive() and time.monotonic() < deadline:  # they end by themselves, mostly
         time.sleep(0.1)
     left = alive()

@@ -18,6 +18,7 @@ from typing import List, Optional
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
+HANDED_OVER = "handed_over"  # ended_by of a run whose connection goes on in another kind
 STOP_REASONS = {CLOSE_POLICY: "slow_client", 1011: "internal_error"}  # stop()'s close reasons
 _CLOSE = object()  # in the send queue: close the connection after the events before it
 log = logging.getLogger("mlx_voicechat.serve")
@@ -140,7 +141,8 @@ class Channel:
             await asyncio.gather(*tasks, stop, return_exceptions=True)
             self.free()
             self.server.channels.discard(self)
-            self.server.metrics.closed(self.ended_by or "client_closed")
+            if self.ended_by != HANDED_OVER:
+                self.server.metrics.closed(self.ended_by or "client_closed")
             if self.stopped.is_set():
                 # A client that does not read cannot take a close frame either: bounded wait.
                 with contextlib.suppress(Exception):

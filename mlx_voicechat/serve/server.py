@@ -110,10 +110,12 @@ class Server:
         instructions and tools (see :mod:`.stepper`)."""
         from ..runtime.framestate import PROMPT_STATES
 
-        t, misses = time.perf_counter(), PROMPT_STATES["miss"]
+        t, before = time.perf_counter(), dict(PROMPT_STATES)
         session = self._open(instructions, tools)
-        # (on the worker, the one thread that opens sessions: the count moved by this open only)
-        self.metrics.session_opened(time.perf_counter() - t, PROMPT_STATES["miss"] == misses)
+        # (on the worker, the one thread that opens sessions: the counts moved by this open only)
+        moved = [k for k in ("hit", "miss") if PROMPT_STATES[k] > before[k]]
+        cached = {"hit": True, "miss": False}.get(moved[-1]) if moved else None
+        self.metrics.session_opened(time.perf_counter() - t, cached)
         return session
 
     def _open(self, instructions: Optional[str], tools=()):
