@@ -85,6 +85,43 @@ def test_stop_gives_up_at_its_timeout_while_one_call_runs():
         job.result(1)
 
 
+def test_serve_exits_as_the_signal_asks_once_the_worker_stopped(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from mlx_voicechat.cli import Terminated
+    from mlx_voicechat.cli import serve as cli
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+
+    def after(signals, stopped, started=True):
+        server = SimpleNamespace(started=started, signals=signals, time_left=lambda: 0.0)
+        return cli._exit(server, SimpleNamespace(stop=lambda timeout: stopped))
+
+    with pytest.raises(Terminated) as e:
+        after([signal.SIGTERM], True)
+    assert e.value.signum == signal.SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        after([signal.SIGINT, signal.SIGINT], True)
+    assert after([], True) == 0
+    with pytest.raises(cli.ServeError, match="did not start"):
+        after([], True, started=False)
+    # one MLX call outlasted --shutdown-timeout: no interpreter may finalize around it
+    with pytest.raises(Exited) as e:
+        after([signal.SIGTERM], False)
+    assert e.value.args == (128 + signal.SIGTERM,)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "mlx-voicechat serve: terminated (SIGTERM); the work in flight was dropped at "
+        "--shutdown-timeout"
+    ]
+
+
 # --- signals: a real `serve` -----------------------------------------------------------------
 
 
