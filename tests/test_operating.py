@@ -180,8 +180,14 @@ class Client(threading.Thread):
             self.sent.set()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_while_the_worker_is_busy_ends_the_server_cleanly(checkpoint, tmp_path, signum):
+@pytest.mark.parametrize(
+    "signum, twice",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGINT", "SIGINT-twice"],
+)
+def test_a_signal_while_the_worker_is_busy_ends_the_server_cleanly(
+    checkpoint, tmp_path, signum, twice
+):
     port = _free_port()
     log_path = tmp_path / "serve.log"
     argv = [sys.executable, "-m", "mlx_voicechat", "serve", "--model", str(checkpoint)]
@@ -222,6 +228,13 @@ def test_a_signal_while_the_worker_is_busy_ends_the_server_cleanly(checkpoint, t
         time.sleep(0.5)
         proc.send_signal(signum)
         t = time.monotonic()
+        if twice:  # Ctrl-C again as uvicorn is done and the worker is being stopped
+            while "Finished server process" not in log_path.read_text():
+                if proc.poll() is not None or time.monotonic() > t + 10:
+                    break
+                time.sleep(0.01)
+            if proc.poll() is None:
+                proc.send_signal(signum)
         try:
             rc = proc.wait(15)
         except subprocess.TimeoutExpired:
@@ -241,6 +254,8 @@ def test_a_signal_while_the_worker_is_busy_ends_the_server_cleanly(checkpoint, t
     assert took < 15
     for client in (live, busy):
         assert client.close_code in (1001, 1012), (client.close_code, client.events[-3:])
+        if twice:
+            continue  # (a second signal does not wait for the conversations to take the error)
         errors = [e for e in client.events if e["type"] == "error"]
         assert errors and errors[-1]["error"]["code"] == "server_shutting_down", errors
         assert errors[-1]["error"]["type"] == "server_error"

@@ -225,6 +225,8 @@ def _serve_app(app, shutdown_timeout: float, **options) -> int:
 
     server = graceful_server(uvicorn.Config(app, **options), app.state.server, shutdown_timeout)
     server.run()
+    # Its signal handlers stay to the process's end: a second Ctrl-C while the worker stops
+    # or the interpreter exits is noted, never a KeyboardInterrupt around a busy worker.
     return _exit(server, app.state.server.worker)
 
 
@@ -256,3 +258,4 @@ def _exit(server, worker) -> int:
     if sig is not None:
         raise Terminated(sig)
     return 0
+
