@@ -206,6 +206,7 @@ def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> No
     the cluster if this started it."""
     from ..serve.ray_app import APP_NAME, stop_sessions
 
+    _hold_signals()  # a second Ctrl-C must not cut the stop short (and leave the cluster up)
     started = _descendants() if local else {}
     try:
         if deployed:
@@ -223,6 +224,17 @@ def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> No
             if ended:
                 say(f"ended {ended} process(es) of the local cluster that outlived it")
         say("stopped")
+
+
+def _hold_signals() -> None:
+    """From here on SIGINT, SIGTERM and SIGHUP are noted and ignored (the stop is bounded)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), lambda *_: None)
 
 
 def _adopt_orphans() -> None:
