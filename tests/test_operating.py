@@ -327,7 +327,8 @@ def test_metrics_with_two_live_conversations_and_a_malformed_event(served):
     auth = {"Authorization": f"Bearer {KEY}"}
     append = json.dumps({"type": "input_audio_buffer.append", "audio": SILENCE_1S})
     url = base.replace("http", "ws") + "/v1/realtime"
-    with connect(url, additional_headers=auth) as a, connect(url, additional_headers=auth) as b:
+    kw = {"additional_headers": auth, "max_queue": None}  # (events pile up unread: take them)
+    with connect(url, **kw) as a, connect(url, **kw) as b:
         for ws in (a, b):
             assert json.loads(ws.recv(20))["type"] == "session.created"
             ws.send(append)
