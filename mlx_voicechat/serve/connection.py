@@ -284,8 +284,10 @@ class Conversation(Channel):
         try:
             frames = await self.server.worker.run(self.session.add_tool_result, c.call_id, c.output)
         except ToolError as e:
+            self.server.metrics.tool_call("refused")
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
+        self.server.metrics.tool_call("answered")
         self.send(self.protocol.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
@@ -329,6 +331,7 @@ class Conversation(Channel):
         them (with every other conversation's frames that are in)."""
         events, seconds = await self.server.stepper.feed(self.session, samples)
         self.consumed += samples.size
+        self.server.metrics.lag(self.lag_seconds)
         self.send(self.protocol.frames(events))
         self._stats["frames"] += len(events)
         self._stats["seconds"] += seconds
