@@ -89,11 +89,13 @@ class MelFrontend:
             raise ConfigError(f"preprocessor.pad_to {pre.pad_to!r} is not supported (0 only)")
         self.cfg = pre
         self.n_fft, self.hop, self.preemph = pre.n_fft, pre.hop_length, pre.preemph
-        self.window = hanning(pre.win_length).astype(mx.float32)
+        # Transformers' mel_filters_dtype: window and filterbank rounded to it, used in float32.
+        low = getattr(mx, config.mel_filters_dtype)
+        self.window = hanning(pre.win_length).astype(mx.float32).astype(low).astype(mx.float32)
         fb = mel_filters(
             pre.sample_rate, pre.n_fft, pre.features, norm="slaney", mel_scale="slaney"
         )
-        self.fb = fb.astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
+        self.fb = fb.astype(mx.float32).astype(low).astype(mx.float32).T  # [bins, n_mels]
         mx.eval(self.window, self.fb)
         self._bands = _bands(np.array(self.fb))
         self._banded = mx.compile(self._log_mel)
@@ -184,7 +186,13 @@ class RecognizerEncoder(FastConformer):
                 x = x * keep[:, :, None, None].astype(x.dtype)
                 stage += 1
         b, t, f, c = x.shape
-        return sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        x = sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        # NeMo's xscaling, Transformers' scale_input: the frames times sqrt(d_model).
+        return x * self.input_scale if self.cfg.xscaling else x
+
+    @property
+    def input_scale(self) -> float:
+        return math.sqrt(self.cfg.d_model)
 
     def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
         """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
@@ -335,9 +343,12 @@ class RecognizerNetwork(Versioned, nn.Module):
         return mx.compile(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
-        """The prediction of the start symbol (a zero input, NeMo's blank-as-pad) for
-        ``batch`` rows: (projected prediction [B, J], LSTM state (h, c) [layers, B, H])."""
-        out, (h, c) = self.decoder(None, None)
+        """The prediction of the start symbol for ``batch`` rows: (projected prediction [B, J],
+        LSTM state (h, c) [layers, B, H]). The start symbol is the blank, embedded, from a zero
+        state, as Transformers starts its decoder: the embedding's blank row is zero in weights
+        converted from NeMo (blank-as-pad, the same as a zero input), not in a model
+        fine-tuned with Transformers."""
+        out, (h, c) = self.decoder(mx.array([[self.config.blank_id]], dtype=mx.int32), None)
         pred = self.joint.project_prediction(out[:, -1])
         tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
         return tile(pred, 0), (tile(h, 1), tile(c, 1))
