@@ -45,7 +45,9 @@ def read_recognizer_config(folder: Path, raw: Mapping[str, Any]) -> ASRConfig:
 
 
 _BIAS_GROUPS = {
-    "attention": re.compile(r"^encoder\.layers\.\d+\.(self_attn\.linear_\w+|feed_forward\d\.linear\d)\.bias$"),
+    "attention": re.compile(
+        r"^encoder\.layers\.\d+\.(self_attn\.linear_\w+|feed_forward\d\.linear\d)\.bias$"
+    ),
     "convolution": re.compile(r"^encoder\.layers\.\d+\.conv\.\w+_conv\d?\.bias$"),
 }
 
