@@ -226,3 +226,14 @@ def test_text_keeps_a_trailing_word_boundary(models):
         want = processor.decode(tokens, skip_special_tokens=True)
         stream = PieceText(vocab)
         assert piece_text(tokens, vocab) == want == "".join(stream.add(t) for t in tokens), seq
+
+
+def test_prediction_starts_on_the_blank_embedding(models):
+    """Transformers starts the prediction network on the blank's embedding (a model trained
+    in Transformers has a nonzero blank row; NeMo's conversions a zero one)."""
+    _, model, _, ours = models("prompt-scaled", **CASES["prompt-scaled"])
+    assert float(model.decoder.embedding.weight[ref.VOCAB].abs().max()) > 0.1
+    pred, _ = ours.start(1)
+    with torch.no_grad():
+        want = model.decoder(torch.tensor([[ref.VOCAB]]))[0, -1].numpy()
+    assert np.allclose(np.array(pred[0]), want, atol=1e-5), np.abs(np.array(pred[0]) - want).max()
