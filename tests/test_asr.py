@@ -165,8 +165,13 @@ def mlx_audio_tokens(path, x, language):
 def test_tokens_equal_mlx_audio_generate(ckpts, name):
     """Ours (``edge="mlx-audio"``) and mlx-audio's generate on the same weights and audio, with
     the language detected and forced; mlx-audio leaves the special pieces (the language tag)
-    out of its tokens."""
+    out of its tokens. The checkpoints are those where mlx-audio agrees with Transformers (which
+    decides where they differ, tests/test_asr_transformers.py): the factory's blank embedding
+    row is zero (mlx-audio starts the prediction network on a zero vector, Transformers on that
+    row), ``scale_input`` / ``xscaling`` is written out (a missing one is false to mlx-audio,
+    true to Transformers) and false, and only tokens are compared (not the text)."""
     ours = load(ckpts[name])
+    assert not np.array(ours.decoder.prediction["embed"].weight[ours.config.blank_id]).any()
     languages = [None, "de-DE"] if ours.has_prompt else [None]
     for i, n in enumerate([48333, 36960, 64320]):
         x = noise(n, 10 + i)
