@@ -1,4 +1,4 @@
-"""Hugging Face Transformers' own Nemotron-3.5-ASR as the reference (tests/test_asr_transformers.py).
+"""Hugging Face Transformers' own Nemotron-3.5-ASR, the reference of test_asr_transformers.py.
 
 Tiny models are built with Transformers' classes (``Nemotron3_5AsrForRNNT``,
 ``NemotronAsrStreamingForRNNT``) on torch's CPU, and written the way NVIDIA's conversion
@@ -199,9 +199,8 @@ def hf_results(processor, sequences, durations, logits, vocabulary, forced=None,
         # Padding steps after the row is done repeat the pad (the blank) without advancing.
         language = next((vocabulary[t][1:-1] for t in tokens if vocabulary[t] in TAGS), forced)
         text = processor.decode(tokens, skip_special_tokens=True)
-        out.append(
-            dict(tokens=tokens, frames=frames, text=text, language=language, margins=gaps, past=past)
-        )
+        row = dict(tokens=tokens, frames=frames, text=text, language=language)
+        out.append(dict(row, margins=gaps, past=past))
     return out
 
 
