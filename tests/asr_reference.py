@@ -175,14 +175,15 @@ def hf_inputs(processor, clips, language=None):
 def hf_results(processor, sequences, durations, logits, vocabulary, forced=None, lengths=None):
     """Per row: dict(tokens, frames, text, language, margins) from ``generate``'s output.
     ``margins``: the top-two gap of each of the row's steps while its frame is below its
-    ``lengths`` entry (encoder frames; past it a batch's row only pads)."""
+    ``lengths`` entry (encoder frames; past it a batch's row only pads); ``steps``: the step
+    of each token."""
     blank = VOCAB
     out = []
     for b in range(sequences.shape[0]):
         limit = float("inf") if lengths is None else lengths[b]
         seq = sequences[b, 1:].tolist()  # after the decoder's start
         adv = durations[b, 1:].tolist()
-        frame, tokens, frames, gaps, past = 0, [], [], [], 0
+        frame, tokens, frames, steps, gaps, past = 0, [], [], [], [], 0
         for k, (t, a) in enumerate(zip(seq, adv)):
             if frame >= limit:
                 # Transformers' batched generate goes on decoding a row that has reached its
@@ -195,12 +196,13 @@ def hf_results(processor, sequences, durations, logits, vocabulary, forced=None,
             if t != blank:
                 tokens.append(t)
                 frames.append(frame)
+                steps.append(len(gaps) - 1)
             frame += a
         # Padding steps after the row is done repeat the pad (the blank) without advancing.
         language = next((vocabulary[t][1:-1] for t in tokens if vocabulary[t] in TAGS), forced)
         text = processor.decode(tokens, skip_special_tokens=True)
         row = dict(tokens=tokens, frames=frames, text=text, language=language)
-        out.append(dict(row, margins=gaps, past=past))
+        out.append(dict(row, margins=gaps, steps=steps, past=past))
     return out
 
 

@@ -76,10 +76,13 @@ def compare(ours, theirs, where):
             (k for k, (a, b) in enumerate(zip(ours.tokens, theirs["tokens"])) if a != b),
             min(len(ours.tokens), len(theirs["tokens"])),
         )
-        step = i + (theirs["frames"][i] if i < len(theirs["frames"]) else 0)
-        gaps = theirs["margins"]
-        at = gaps[step] if step < len(gaps) else float("nan")
-        print(f"{where}: tokens part at token {i}, step {step}: top-two margin {at:.3e}")
+        # They part at one of Transformers' steps from the one after their last common token
+        # to the one that emits its token i (or its last step).
+        steps, gaps = theirs["steps"], theirs["margins"]
+        lo = steps[i - 1] + 1 if i else 0
+        hi = steps[i] if i < len(steps) else len(gaps) - 1
+        at = min(gaps[lo : hi + 1], default=float("nan"))
+        print(f"{where}: tokens part at token {i}, steps {lo}..{hi}: top-two margin {at:.3e}")
     assert ours.tokens == theirs["tokens"], where
     assert ours.frames == theirs["frames"], where
     assert ours.text == theirs["text"], where
