@@ -213,7 +213,7 @@ class Session(Client):
         self.closed = None  # (code, reason) once the server closed the connection
 
     async def __aenter__(self):
-        self._cm = self.client.realtime.connect(model="tiny")
+        self._cm = self.client.realtime.connect(model="tiny", extra_query={"x-voicechat": "1"})
         self.conn = await asyncio.wait_for(self._cm.__aenter__(), TIMEOUT)
         self.created = await self.recv()
         return self

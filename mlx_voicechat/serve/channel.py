@@ -49,6 +49,9 @@ class Channel:
         self.server = server
         self.ws = websocket
         self.protocol = protocol
+        client = getattr(websocket, "client", None)
+        if client:
+            protocol.peer = f"{client[0]}:{client[1]}"
         self.inbox: deque = deque()  # commands for the driver
         self.wake = asyncio.Event()
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
