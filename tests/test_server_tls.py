@@ -90,7 +90,7 @@ def test_tls_flags_reach_uvicorn_and_the_banner_says_wss(started, cert, capsys):
 
 def test_bad_tls_flags_are_one_line_errors(started, cert, tmp_path):  # noqa: F811
     certfile, keyfile = map(str, cert)
-    other_cert, other_key = self_signed(tmp_path)
+    _, other_key = self_signed(tmp_path)
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
     cases = [
