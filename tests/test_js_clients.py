@@ -35,6 +35,7 @@ JS = Path(__file__).resolve().parent / "js"
 KEY = "the-js-key"
 CALL = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
 NODE_TIMEOUT = 240  # seconds, one Node script at most
+LAG = 120.0  # seconds of audio that may wait for the model: a loaded CI machine runs behind
 
 
 @pytest.fixture(scope="module")
@@ -151,19 +152,49 @@ def check_the_round(seen, exit_code, err):
     assert seen["errors"] == [], seen["errors"]
 
 
-def test_openai_agents_realtime_over_ws(node_modules, model, worker):
+@pytest.fixture(scope="module")
+def speech_24k(tmp_path_factory):
+    """espeak-ng speech as raw 24 kHz PCM16 from its first loud sample (None without espeak-ng:
+    the agents test then interrupts by hand)."""
+    import numpy as np
+    from test_speech_events import SPOKEN, onset
+
+    from mlx_voicechat.serve.wire import Resampler
+
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        return None
+    import soundfile as sf
+
+    folder = tmp_path_factory.mktemp("speech")
+    subprocess.run([espeak, "-w", str(folder / "s.wav"), SPOKEN], check=True, timeout=30)
+    x, rate = sf.read(folder / "s.wav", dtype="float32")
+    x = Resampler(rate, 24000)(x, last=True)
+    x = x[onset(x, window=240) :]
+    (folder / "s.pcm").write_bytes(np.round(np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+    return folder / "s.pcm"
+
+
+def test_openai_agents_realtime_over_ws(node_modules, model, worker, speech_24k):
     rec = Recording(model)
-    app = create_app(rec, api_key=KEY, worker=worker, warmup=False)
+    app = create_app(rec, api_key=KEY, worker=worker, warmup=False, max_lag_seconds=LAG)
     with ServerThread(app) as server:
         env = {"VOICECHAT_URL": f"ws://127.0.0.1:{server.port}/v1/realtime", "VOICECHAT_KEY": KEY}
+        if speech_24k is not None:
+            env["VOICECHAT_SPEECH"] = str(speech_24k)
         seen, code, err = run_node("agents_realtime.mjs", node_modules, env, rec, worker)
     check_the_round(seen, code, err)
     assert seen["types"].get("conversation.item.retrieved", 0) > 0  # after truncate, transcripts
+    if speech_24k is not None:  # the user barged in: the SDK stopped playing on speech_started
+        assert seen["speechStarted"] >= 1 and seen["cancelled"] and seen["truncated"]
+        # ... before 200 ms of the user's speech had been sent (the wall time is printed)
+        assert seen["bargeIn"]["speechMsSent"] <= 200, seen["bargeIn"]
+        print(f"barge-in: playback stopped {seen['bargeIn']['msAfterOnset']} ms after the onset")
 
 
 def test_openai_node_realtime_ws_over_tls(node_modules, model, worker, cert):
     rec = Recording(model)
-    app = create_app(rec, api_key=KEY, worker=worker, warmup=False)
+    app = create_app(rec, api_key=KEY, worker=worker, warmup=False, max_lag_seconds=LAG)
     with ServerThread(app, ssl_certfile=str(cert[0]), ssl_keyfile=str(cert[1])) as server:
         env = {
             "VOICECHAT_BASE_URL": f"https://127.0.0.1:{server.port}/v1",
