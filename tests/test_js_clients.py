@@ -8,7 +8,8 @@ from the npm registry with `npm ci` into a cache folder ($MLX_VOICECHAT_NPM_CACH
 ~/.cache/mlx-voicechat/npm-<hash of the lock>), once. Without node and npm the tests skip; where
 the install fails they skip too, except under CI (CI set), where they fail. Random weights never
 write a tool call: once the client's audio flows, the test forces one into the live session's
-function channel (as tests/test_server_tools.py does) and the client runs the round trip.
+function channel (as tests/test_server_tools.py does) and the client runs the round trip. The
+agents client then barges in with espeak-ng speech (interrupt() by hand without espeak-ng).
 """
 
 import hashlib
