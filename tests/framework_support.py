@@ -17,7 +17,7 @@ import numpy as np
 from mlx_voicechat.serve.app import ServerThread, create_app
 
 KEY = "framework-key"
-TIMEOUT = 30.0  # seconds, any single wait on a framework
+TIMEOUT = 60.0  # seconds, any single wait on a framework (a loaded machine is slow)
 INSTRUCTIONS = "You are a weather assistant. Answer in one short sentence."
 TOOL_NAME = "get_weather"
 WEATHER_RESULT = "sunny, 21 C"

@@ -117,7 +117,7 @@ async def _drive(server, session, rec):
 def test_openai_agents_on_its_defaults(model, worker):  # noqa: F811
     CITIES.clear()
     with served(model, worker) as server:
-        rec = asyncio.run(asyncio.wait_for(_conversation(server), 120))
+        rec = asyncio.run(asyncio.wait_for(_conversation(server), 300))
         errors = list(server.errors.lines)
     assert not rec.errors(), rec.errors()[:3]
     assert not errors, errors[:3]

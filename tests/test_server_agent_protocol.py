@@ -4,14 +4,22 @@ LiveKit): every voice name, text message items, ``conversation.item.retrieve``,
 events only on request, and every error event logged (pure protocol; the frameworks
 themselves are driven in tests/test_framework_*.py)."""
 
+import asyncio
+import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 from test_server_protocol import error_code, frame, pcm, send, started
 
 from mlx_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.protocol import Realtime, Start
-from mlx_voicechat.serve.responses import REQUEST_WAIT_FRAMES
+from mlx_voicechat.serve.responses import MAX_ITEM_CHARS, MAX_ITEMS, REQUEST_WAIT_FRAMES
 
 
 def text_item(role, text, **fields):
@@ -62,6 +70,14 @@ def test_retrieve_and_delete_answer_from_the_tracked_items():
     assert error_code(send(p, type="conversation.item.retrieve", item_id="item_mine")[0]) == (
         "invalid_value"
     )
+    # the tracked items are bounded in number and in size: the oldest go first
+    big = "x" * (MAX_ITEM_CHARS // 8)
+    for i in range(MAX_ITEMS + 20):
+        text = big if i % 10 == 0 else "hi"
+        send(p, type="conversation.item.create", item=text_item("user", text, id=f"item_{i}"))
+    assert len(p.items) <= MAX_ITEMS and p._item_chars <= MAX_ITEM_CHARS
+    assert f"item_{MAX_ITEMS + 19}" in p.items and "item_0" not in p.items
+    assert p._item_chars == sum(len(json.dumps(i, ensure_ascii=False)) for i in p.items.values())
 
 
 def test_response_create_opens_a_response_that_echoes_its_metadata():
@@ -124,3 +140,45 @@ def test_every_error_event_is_logged_with_the_connection(caplog):
     assert p.session_id in text and "127.0.0.1:5555" in text
     assert "unknown_event" in text and "no.such.event" in text
     assert e["type"] == "error"
+
+
+def test_serve_logs_an_error_event_at_its_default_log_level(tmp_path):
+    """`mlx-voicechat serve` as a user runs it: the error event a client gets is on stderr."""
+    websockets = pytest.importorskip("websockets")
+    pytest.importorskip("uvicorn")
+    from mlx_voicechat.factory import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "mlx_voicechat", "serve", "--model", str(ckpt)]
+    cmd += ["--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=dict(os.environ)
+    )
+    try:
+
+        async def main():
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    ws = await websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime")
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, "serve died"
+                    await asyncio.sleep(0.2)
+            async with ws:
+                created = json.loads(await ws.recv())
+                await ws.send(json.dumps({"type": "no.such.event"}))
+                while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "error":
+                    pass
+            return created["session"]["id"]
+
+        session_id = asyncio.run(main())
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    lines = [line for line in err.splitlines() if "no.such.event" in line]
+    assert len(lines) == 1, err[-2000:]
+    assert session_id in lines[0] and "unknown_event" in lines[0] and "127.0.0.1" in lines[0]

@@ -100,6 +100,8 @@ class Realtime(Responses, EventSource):
         self._last_item: Optional[str] = None
         self._assistant_items: Dict[str, int] = {}  # item id -> audio ms sent
         self.items: "OrderedDict[str, dict]" = OrderedDict()  # the conversation, for retrieve
+        self._item_sizes: Dict[str, int] = {}  # item id -> characters of its JSON
+        self._item_chars = 0
         self._requests: deque = deque()  # the metadata of response.create requests that wait
         # the open user item (RNNT transcript of the user's words)
         self._user_item: Optional[str] = None
@@ -440,6 +442,7 @@ class Realtime(Responses, EventSource):
                 "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
             )
         del self.items[item_id]
+        self._item_chars -= self._item_sizes.pop(item_id)
         return [self._event("conversation.item.deleted", item_id=item_id)], []
 
     def _output_clear(self, event: dict):

@@ -4,11 +4,13 @@ audio and transcript deltas, and the function calls the model writes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, List, Optional, Sequence
 
 from .wire import MODEL_OUTPUT_RATE, Event, Resampler, _new_id, encode_pcm16
 
 MAX_ITEMS = 256  # conversation items kept for conversation.item.retrieve (the oldest go first)
+MAX_ITEM_CHARS = 4 << 20  # ... and at most this much of their JSON, all together
 MAX_REQUESTS = 16  # response.create requests that may wait for the model at once
 REQUEST_WAIT_FRAMES = 25  # a requested response the model leaves unused completes empty (2 s)
 
@@ -33,11 +35,21 @@ class Responses:
         return self._event("conversation.item.done", previous_item_id=None, item=item)
 
     def _keep(self, item: dict) -> None:
-        """Track the item's latest state for ``conversation.item.retrieve``."""
+        """Track the item's latest state for ``conversation.item.retrieve`` (the last
+        :data:`MAX_ITEMS`, at most :data:`MAX_ITEM_CHARS` of JSON: a client's items are kept as
+        sent, so their size is bounded here)."""
+        old = self.items.pop(item["id"], None)
+        if old is not None:
+            self._item_chars -= self._item_sizes.pop(item["id"])
+        size = len(json.dumps(item, ensure_ascii=False))
         self.items[item["id"]] = item
-        self.items.move_to_end(item["id"])
-        while len(self.items) > MAX_ITEMS:
-            self.items.popitem(last=False)
+        self._item_sizes[item["id"]] = size
+        self._item_chars += size
+        while len(self.items) > MAX_ITEMS or (
+            self._item_chars > MAX_ITEM_CHARS and len(self.items) > 1
+        ):
+            gone, _ = self.items.popitem(last=False)
+            self._item_chars -= self._item_sizes.pop(gone)
 
     def _open_user_item(self) -> List[Event]:
         self._user_item = _new_id("item")
