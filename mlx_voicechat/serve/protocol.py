@@ -130,7 +130,7 @@ class Realtime(Responses, EventSource):
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.input_rate},
                     "transcription": {"model": "rnnt"} if self.transcription else None,
-                    "turn_detection": self.turn_detection,  # the model takes turns itself
+                    "turn_detection": self.turn_detection,  # the speech events, if any
                     "noise_reduction": None,
                 },
                 "output": {
