@@ -1,6 +1,7 @@
 """The one thread that runs a server process's MLX work."""
 
 import asyncio
+import atexit
 import queue
 import threading
 from concurrent.futures import Future
@@ -20,8 +21,11 @@ class Worker:
 
     def __init__(self, name: str = "mlx-voicechat-worker"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = False
+        self._parked = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        atexit.register(self._park, 5.0)
 
     @classmethod
     def shared(cls) -> "Worker":
@@ -32,7 +36,11 @@ class Worker:
 
     def _loop(self) -> None:
         while True:
-            future, fn, args = self._jobs.get()
+            job = self._jobs.get()
+            if job is None or self._closing:
+                self._parked.set()
+                threading.Event().wait()  # parked until the process ends (see the class doc)
+            future, fn, args = job
             if not future.set_running_or_notify_cancel():
                 continue  # cancelled while it waited
             try:
@@ -40,6 +48,13 @@ class Worker:
             except BaseException as e:  # handed to whoever waits on the future
                 future.set_exception(e)
             del future, fn, args  # a parked thread holds no job's objects
+
+    def _park(self, timeout: float) -> None:
+        """At interpreter exit: the job running finishes and no other starts (an MLX
+        computation still running when the interpreter finalizes aborts the process)."""
+        self._closing = True
+        self._jobs.put(None)
+        self._parked.wait(timeout)
 
     def submit(self, fn: Callable, *args) -> Future:
         future: Future = Future()
