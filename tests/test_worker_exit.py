@@ -1,6 +1,7 @@
-"""The server's MLX worker at interpreter exit: a job still running finishes and no other
-starts, so the process exits cleanly (MLX work cut by the interpreter's finalization aborted
-the process: "terminate called without an active exception", exit status 134)."""
+"""The server's MLX worker at interpreter exit, in any process (not only `serve`, which stops
+it itself): the job that runs is cut short between two lines of Python and no other starts,
+so the process exits cleanly (MLX work cut by the interpreter's finalization aborted the
+process: "terminate called without an active exception", exit status 134)."""
 
 import os
 import subprocess
@@ -36,7 +37,7 @@ time.sleep(0.2)  # job 1 is running when the script ends
 """
 
 
-def test_a_job_running_at_exit_finishes_and_the_process_exits_cleanly(tmp_path):
+def test_a_job_running_at_exit_ends_and_the_process_exits_cleanly(tmp_path):
     script = tmp_path / "exit_while_busy.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -50,4 +51,4 @@ def test_a_job_running_at_exit_finishes_and_the_process_exits_cleanly(tmp_path):
             check=False,
         )
         assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-        assert done.stdout.split("\n")[:1] == ["job 1 done"] and "job 2" not in done.stdout
+        assert "job 2" not in done.stdout  # the job that waited never started

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .mcp_tools import McpRunner
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -45,8 +46,10 @@ class Conversation(Channel):
                 server.model_id,
                 max_instructions_chars=server.max_instructions_chars,
                 extensions=wants_extensions(websocket),
+                mcp=getattr(server, "mcp", None),
             ),
         )
+        self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
@@ -139,6 +142,7 @@ class Conversation(Channel):
     def free(self) -> None:
         """Give the slot back now; the session is closed on the worker after its current job."""
         super().free()
+        self.mcp.close()
 
         def close():
             if self.session is not None:
@@ -283,8 +287,10 @@ class Conversation(Channel):
         try:
             frames = await self.server.worker.run(self.session.add_tool_result, c.call_id, c.output)
         except ToolError as e:
+            self.server.metrics.tool_call("refused")
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
+        self.server.metrics.tool_call("answered")
         self.send(self.protocol.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
@@ -328,6 +334,7 @@ class Conversation(Channel):
         them (with every other conversation's frames that are in)."""
         events, seconds = await self.server.stepper.feed(self.session, samples)
         self.consumed += samples.size
+        self.server.metrics.lag(self.lag_seconds)
         self.send(self.protocol.frames(events))
         self._stats["frames"] += len(events)
         self._stats["seconds"] += seconds

@@ -32,6 +32,7 @@ class Stepper:
         self._batch = None  # made with the first conversation, on the worker
         self._waiting: List[tuple] = []  # (handle, future, loop) pushed since the last step
         self._scheduled = False
+        self.on_step = None  # on_step(frames of each conversation, seconds) after each step
 
     @property
     def batch(self):
@@ -73,6 +74,8 @@ class Stepper:
                 loop.call_soon_threadsafe(_settle, future, None, e)
             return
         seconds = time.perf_counter() - t
+        if self.on_step is not None:
+            self.on_step([len(events) for events in out.values()], seconds)
         for handle, future, loop in waiting:
             loop.call_soon_threadsafe(_settle, future, (out.get(handle, []), seconds))
 
