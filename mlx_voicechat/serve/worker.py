@@ -1,7 +1,6 @@
 """The one thread that runs a server process's MLX work."""
 
 import asyncio
-import atexit
 import ctypes
 import queue
 import threading
@@ -34,8 +33,6 @@ class Worker:
         self._busy = False  # a job runs
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-        # any process (a test run, a script) exits as `serve` does: the thread ends first
-        atexit.register(self.stop, 5.0)
 
     @classmethod
     def shared(cls) -> "Worker":
