@@ -21,7 +21,8 @@ def add_parser(subparsers):
         help="serve the model over the OpenAI Realtime protocol (WebSocket)",
         description=(
             "Serve the model at ws://HOST:PORT/v1/realtime (OpenAI Realtime protocol, GA event "
-            "names), with a web page at http://HOST:PORT/."
+            "names), with a web page at http://HOST:PORT/ (wss:// and https:// with "
+            "--ssl-certfile)."
         ),
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
@@ -94,6 +95,19 @@ def add_parser(subparsers):
         "timeout_keep_alive, default 5)",
     )
     p.add_argument(
+        "--ssl-certfile",
+        default=None,
+        metavar="FILE",
+        help="serve TLS with this PEM certificate (chain): wss:// and https:// (with "
+        "--ssl-keyfile; docs/serving.md says how to make one)",
+    )
+    p.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        metavar="FILE",
+        help="the PEM private key of --ssl-certfile (may be in the certificate file itself)",
+    )
+    p.add_argument(
         "--mcp-allow",
         action="append",
         default=[],
@@ -140,6 +154,30 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def check_tls(certfile, keyfile) -> bool:
+    """Whether TLS is asked for; a certificate and key that do not load are a one-line
+    error here, before the model loads (uvicorn would print a traceback after it)."""
+    if keyfile is not None and certfile is None:
+        raise ServeError("--ssl-keyfile needs --ssl-certfile (the certificate it belongs to)")
+    if certfile is None:
+        return False
+    import ssl
+
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ServeError(f"{flag} {path}: no such file")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        where = certfile if keyfile is None else f"{certfile} and {keyfile}"
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e)
+        raise ServeError(
+            f"--ssl-certfile/--ssl-keyfile: {where} do not load as a PEM certificate and its "
+            f"private key ({reason})"
+        ) from None
+    return True
+
+
 def run(args) -> int:
     from ..serve.limits import Limits, open_file_limits
     from . import serve_ray
@@ -182,6 +220,12 @@ def run(args) -> int:
 
         require_sdk()  # a one-line error now rather than at a client's first mcp tool
     limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
+    tls = check_tls(args.ssl_certfile, args.ssl_keyfile)
+    if tls and args.ray:
+        raise ServeError(
+            "--ssl-certfile is not served through Ray's HTTP proxy (--ray); put a TLS proxy in "
+            "front of it"
+        )
     serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
@@ -225,9 +269,10 @@ def run(args) -> int:
             f"enough for {fitted.max_connections} connections: --max-connections lowered to that",
             file=sys.stderr,
         )
+    ws, http = ("wss", "https") if tls else ("ws", "http")
     print(
-        f"mlx-voicechat serve: ws://{args.host}:{args.port}/v1/realtime "
-        f"(web page http://{args.host}:{args.port}/)",
+        f"mlx-voicechat serve: {ws}://{args.host}:{args.port}/v1/realtime "
+        f"(web page {http}://{args.host}:{args.port}/)",
         file=sys.stderr,
     )
     return _serve_app(
@@ -238,6 +283,8 @@ def run(args) -> int:
         ws_max_size=WS_MAX_SIZE,
         log_level=args.log_level,
         lifespan="on",
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
         **uvicorn_options(fitted),
     )
 

@@ -307,6 +307,8 @@ class ServerThread:
         port: int = 0,
         log_level: str = "warning",
         limits: Optional[Limits] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
     ):
         import socket
 
@@ -318,12 +320,15 @@ class ServerThread:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
+        self.scheme = "https" if ssl_certfile else "http"
         config = uvicorn.Config(
             app,
             log_level=log_level,
             ws_max_size=WS_MAX_SIZE,
             lifespan="on",
             ws_ping_interval=None,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
             **uvicorn_options(limits or Limits()),
         )
         self.server = uvicorn.Server(config)
@@ -347,7 +352,7 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds from a signal to the process's end, at most (--shutdown-timeout)

@@ -28,6 +28,7 @@ from .server import (  # noqa: F401  (Server and the constants: re-exported, imp
     SAMPLES_PER_FRAME,
     Server,
 )
+from .speech import SpeechEvents
 
 EXTENSIONS_PARAM = "x-voicechat"  # ?x-voicechat=1: the client wants the x-voicechat.* events
 CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
@@ -61,6 +62,7 @@ class Conversation(Channel):
         self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
+        self.speech = SpeechEvents(self.protocol)  # speech_started / _stopped as audio arrives
         self.started = asyncio.Event()
 
     # -- plumbing --
@@ -97,6 +99,7 @@ class Conversation(Channel):
             self.inbox.append(c)
             self.started.set()
         elif isinstance(c, Append):
+            self.send(self.speech.push(c.samples, self.position))
             self.position += c.samples.size
             if not c.silence:
                 self.client_seconds += c.samples.size / MODEL_INPUT_RATE

@@ -92,6 +92,7 @@ class Realtime(Responses, EventSource):
         self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
         self.transcription = True
+        self.turn_detection: Optional[dict] = None  # None: no speech events (serve/speech.py)
         self.started = False  # the first audio arrived: the session is immutable from here on
         self.frames_seen = 0
         self.responses_done = 0
@@ -137,7 +138,7 @@ class Realtime(Responses, EventSource):
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.input_rate},
                     "transcription": {"model": "rnnt"} if self.transcription else None,
-                    "turn_detection": None,  # the model takes turns itself
+                    "turn_detection": self.turn_detection,  # the speech events, if any
                     "noise_reduction": None,
                 },
                 "output": {
