@@ -112,10 +112,14 @@ def test_past_its_memory_bound_the_chain_steps_the_rest(tiny):
         speech.audio_prompt_latents[cfg.speaker], framestate.warmup_codes(tiny), tts.make_cache()
     )
     for _ in range(37):
-        ref_prev, ref_cache = tts.step(cfg.pad_token_id, ref_prev, ref_cache, ref_noise, speech.codec_silence_tokens)
+        ref_prev, ref_cache = tts.step(
+            cfg.pad_token_id, ref_prev, ref_cache, ref_noise, speech.codec_silence_tokens
+        )
     assert mx.array_equal(previous, ref_prev).item()
     assert mx.array_equal(noise.key, ref_noise.key).item()
     for c, r in zip(cache, ref_cache):
-        for x, y in zip(tree_flatten(c.state)[0:], tree_flatten(r.state)[0:]):
-            x, y = x[1], y[1]
-            assert (mx.array_equal(x, y).item() and x.shape == y.shape) if isinstance(x, mx.array) else x == y
+        for (_, x), (_, y) in zip(tree_flatten(c.state), tree_flatten(r.state)):
+            if isinstance(x, mx.array):
+                assert x.shape == y.shape and mx.array_equal(x, y).item()
+            else:
+                assert x == y

@@ -25,12 +25,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import SessionError
+from ..nets.caches import cache_arrays
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
 from .framestate import NO_ID, FrameState, open_live, open_state
 from .live import ReadLayout, queue_frame, read
 from .request import check_extra_seconds, resolve
 from .state import memory_per_minute
+from .step import prefill
 from .threads import note_mlx_thread
 from .tools import ToolError, tool_result_ids
 
@@ -113,9 +115,28 @@ class SessionHandle:
         return memory_per_minute(self.batch.model)
 
     @property
+    def prefill_rows(self) -> int:
+        """Prompt rows not yet run through the LLM (they enter before or with the first
+        frame)."""
+        state = self.state
+        return 0 if state is None or state.prefix is None else int(state.prefix.shape[1])
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the prompt has more rows left than its first frame takes along (the batch's
+        ``join_rows``): :meth:`SessionBatch.prefill` runs them first."""
+        most = self.batch.join_rows
+        return most is not None and not self._closed and self.prefill_rows > most
+
+    @property
     def ready(self) -> bool:
         """Whether a frame is ready to run."""
-        return not self._closed and self._finished is None and self.audio.mel.ready > 0
+        return (
+            not self._closed
+            and self._finished is None
+            and self.audio.mel.ready > 0
+            and not self.prefilling
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -206,15 +227,20 @@ class SessionHandle:
 class SessionBatch:
     """Live conversations of one model, stepped together (see the module docstring)."""
 
-    def __init__(self, model, max_sessions: int = 8):
+    def __init__(self, model, max_sessions: int = 8, join_rows: Optional[int] = None):
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, numbers.Integral) or max_sessions < 1:
             raise SessionError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         self.model = model
         self.max_sessions = int(max_sessions)
+        # None: a conversation's whole prompt is prefilled with its first frame (one call);
+        # a number: the first frame takes at most that many prompt rows along, and the rest
+        # go first through prefill() in slices (a server runs them between rounds).
+        self.join_rows = join_rows
         self.layout = ReadLayout(model)
         self._handles: List[SessionHandle] = []
         self._state: Optional[FrameState] = None  # the joined conversations' rows
         self._rows: List[SessionHandle] = []  # who each row is
+        self.last_rounds = 0  # rounds the last step ran
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -279,17 +305,45 @@ class SessionBatch:
         quiet[i] = True
         state.flags.cache[0] = quiet
 
+    # -- prompts in slices -------------------------------------------------------------------
+
+    @property
+    def prefilling(self) -> Optional[SessionHandle]:
+        """The conversation whose prompt :meth:`prefill` runs next (the first opened), if any
+        has more prompt rows left than its first frame takes along (``join_rows``)."""
+        return next((h for h in self._handles if h.prefilling), None)
+
+    def prefill(self, rows: int) -> int:
+        """Run ``rows`` more prompt rows of :attr:`prefilling`'s conversation through the LLM,
+        and wait for them; returns its rows left (0 with none prefilling)."""
+        note_mlx_thread()
+        h = self.prefilling
+        if h is None:
+            return 0
+        rows = max(1, min(int(rows), h.prefill_rows - self.join_rows))
+        prefill(self.model, h.state, rows)
+        mx.eval([a for c in h.state.llm for a in cache_arrays(c)])
+        return h.prefill_rows
+
+    @property
+    def pending(self) -> bool:
+        """Whether a frame is ready or a prompt waits for its slices."""
+        return any(h.ready or h.prefilling for h in self._handles)
+
     # -- frames ----------------------------------------------------------------------------
 
-    def step(self) -> Dict[SessionHandle, List[FrameEvent]]:
-        """Run every ready frame, round by round; each conversation's events in order."""
+    def step(self, max_rounds: Optional[int] = None) -> Dict[SessionHandle, List[FrameEvent]]:
+        """Run every ready frame, round by round (at most ``max_rounds`` rounds: a server leaves
+        the rest for its next step); each conversation's events in order."""
         note_mlx_thread()
         events: Dict[SessionHandle, List[FrameEvent]] = {h: [] for h in self._handles}
         held = None  # the round queued last, not read yet
-        while True:
+        self.last_rounds = 0
+        while max_rounds is None or self.last_rounds < max_rounds:
             ready = [h for h in self._handles if h.ready]
             if not ready:
                 break
+            self.last_rounds += 1
             queued = self._queue_round(ready)
             if held is not None:
                 self._hand_out(held, events)

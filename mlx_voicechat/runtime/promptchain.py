@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import mlx.core as mx
 
@@ -98,7 +98,8 @@ class PromptChain:
     # -- size ------------------------------------------------------------------------------
 
     def bytes_per_position(self) -> int:
-        return sum(k[:, :, :1].nbytes + v[:, :, :1].nbytes for k, v in zip(self._keys, self._values))
+        pairs = zip(self._keys, self._values)
+        return sum(k[:, :, :1].nbytes + v[:, :, :1].nbytes for k, v in pairs)
 
     @property
     def nbytes(self) -> int:
@@ -123,8 +124,8 @@ class PromptChain:
         kept = min(steps, self.max_steps)
         with self._lock:
             if kept > self.steps:
-                self._grow(min(max(kept, -(-kept // _EXTEND_ROUND) * _EXTEND_ROUND), self.max_steps),
-                           progress, steps)
+                target = min(-(-kept // _EXTEND_ROUND) * _EXTEND_ROUND, self.max_steps)
+                self._grow(max(target, kept), progress, steps)
             previous, cache, noise = self._rebuild(kept)
         for i in range(kept, steps):
             previous, cache = self.tts.step(self.pad, previous, cache, noise, self.silence)
@@ -143,12 +144,13 @@ class PromptChain:
                 layouts[kind] = _layout(template, sizes)
             sim, slots = layouts[kind]
             c = copy.copy(sim)
-            c.keys, c.values = self._gather(self._keys[i], slots), self._gather(self._values[i], slots)
+            c.keys = self._gather(self._keys[i], slots)
+            c.values = self._gather(self._values[i], slots)
             rows.append(RowCaches([c]))
         noise = KeyNoise(self.seed)
         noise.key = self._noise_keys[steps]
         previous = self._previous[steps : steps + 1]
-        mx.eval([c.rows[0].keys for c in rows], [c.rows[0].values for c in rows], previous, noise.key)
+        mx.eval([(c.rows[0].keys, c.rows[0].values) for c in rows], previous, noise.key)
         return previous, rows, noise
 
     @staticmethod
@@ -171,8 +173,12 @@ class PromptChain:
             mx.async_eval(previous, noise.key)
             if progress is not None and i < total:
                 progress(i + 1, total)
-        self._keys = [mx.concatenate([k] + [a for a, _ in t], axis=2) for k, t in zip(self._keys, tapes)]
-        self._values = [mx.concatenate([v] + [b for _, b in t], axis=2) for v, t in zip(self._values, tapes)]
+        self._keys = [
+            mx.concatenate([k] + [a for a, _ in t], axis=2) for k, t in zip(self._keys, tapes)
+        ]
+        self._values = [
+            mx.concatenate([v] + [b for _, b in t], axis=2) for v, t in zip(self._values, tapes)
+        ]
         self._previous = mx.concatenate([self._previous] + codes, axis=0)
         self._noise_keys = mx.concatenate([self._noise_keys] + keys, axis=0)
         mx.eval(self._keys, self._values, self._previous, self._noise_keys)

@@ -7,7 +7,6 @@ import hmac
 import ipaddress
 from typing import Iterable, List, Optional, Set
 
-import numpy as np
 
 from ..runtime.request import prompt_ids, resolve_system_prompt
 from ..runtime.tools import render_system_prompt
@@ -90,13 +89,10 @@ class Server:
         return len(prompt_ids(self.model, text))
 
     def warm_up(self, frames: int = 4) -> None:
-        """On the worker: open a session and run a few frames, so the first client does not pay
-        for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
-        session = self.open_session(None)
-        try:
-            self.stepper.run_now(session, np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
-        finally:
-            session.close()
+        """On the worker: run a few frames at every batch size the server holds, so neither the
+        first client nor a join pays for first-use costs (compiled steps at each batch size, the
+        TTS warm-up codes, the seed's prompt chain, the speech stream)."""
+        self.stepper.warm_up(lambda: self.open_session(None), SAMPLES_PER_FRAME, frames)
 
     # -- admission --
 
