@@ -122,7 +122,8 @@ def main(argv=None):
     from mlx_voicechat.factory import make_checkpoint
 
     tmp = tempfile.mkdtemp(prefix="bench_open_")
-    print(f"bench_open: {time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} CPUs")
+    now = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    print(f"bench_open: {now} UTC, {os.cpu_count()} CPUs")
     for scale in args.scales:
         model = mlx_voicechat.load(make_checkpoint(Path(tmp) / scale, scale, seed=0))
         bench(model, scale, args.lengths, args.before_max)

@@ -7,11 +7,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlx_voicechat.nets.tts import EarTTS
 from mlx_voicechat.noise import KeyNoise
 from mlx_voicechat.runtime import framestate
-from mlx_voicechat.runtime.promptchain import PromptChain
+from mlx_voicechat.runtime.promptchain import PromptChain, _layout, _layout_mlx
 
 FRAMES = 40
 
@@ -123,3 +124,17 @@ def test_past_its_memory_bound_the_chain_steps_the_rest(tiny):
                 assert x.shape == y.shape and mx.array_equal(x, y).item()
             else:
                 assert x == y
+
+
+@pytest.mark.parametrize("template", [KVCache(), RotatingKVCache(16), RotatingKVCache(300)])
+def test_the_layout_rules_are_mlx_lms_caches(template):
+    """The chain rebuilds a cache's buffer by mlx-lm's update rules replayed in Python: the
+    same slots and bookkeeping as the cache class run on position numbers."""
+    for warm in (1, 5, 40, 300):
+        for steps in (0, 1, 15, 16, 17, 53, 299, 300, 301, 600):
+            sizes = [warm] + [1] * steps
+            fast, slots = _layout(template, sizes)
+            ref, ref_slots = _layout_mlx(template, sizes)
+            assert slots.tolist() == ref_slots.tolist(), (warm, steps)
+            for name in ("offset", "_idx", "keep", "max_size"):
+                assert getattr(fast, name, None) == getattr(ref, name, None), (name, warm, steps)

@@ -73,9 +73,9 @@ def _tape(stepper):
             log.append(("with prompt rows", rows))
         return out
 
-    def logged_prefill(rows):
+    def logged_prefill(rows, steps=None):
         log.append(("slice", rows))
-        return prefill(rows)
+        return prefill(rows, steps)
 
     batch.step, batch.prefill = logged_step, logged_prefill
     return log
@@ -132,6 +132,8 @@ def test_a_join_with_a_long_prompt_stalls_the_live_ones_at_most_one_unit(
     log = [(kind, what) for kind, what in log if kind != "with prompt rows"]
     assert sum(kind == "round" for kind, _ in log) >= 40
     slices = [rows for kind, rows in log if kind == "slice"]
+    kinds = {kind for kind, _ in stepper.slices}
+    assert kinds == {"steps", "rows"}  # the seed's chain grew in slices too, then the LLM rows
     assert len(slices) >= (prompt_rows - 48) // 48 and max(slices) == 48  # in slices
     # From the moment a live conversation's audio arrives to its next round, the worker ran at
     # most one unit of other work (a slice, or a round it is not in): the job it arrived in.

@@ -28,7 +28,7 @@ from ..errors import SessionError
 from ..nets.caches import cache_arrays
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
-from .framestate import NO_ID, FrameState, open_live, open_state
+from .framestate import NO_ID, FrameState, grow_chain, open_live, open_state, state_ready
 from .live import ReadLayout, queue_frame, read
 from .request import check_extra_seconds, resolve
 from .state import memory_per_minute
@@ -61,7 +61,13 @@ class SessionHandle:
 
     def _start(self) -> None:
         model = self.batch.model
-        self.state: Optional[FrameState] = open_live(model, open_state(model, self.request))
+        # A batch that takes prompts in slices does not grow the seed's prompt chain inside
+        # open: the conversation waits (prefilling) while prefill() grows it in slices.
+        self._opening = self.batch.join_rows is not None and not state_ready(model, self.request)
+        self._quiet = False  # a cancel while opening, for the state once it is made
+        self.state: Optional[FrameState] = None
+        if not self._opening:
+            self.state = open_live(model, open_state(model, self.request))
         self.audio.reset()
         self.book.reset()
         self.frames = 0  # frames handed out
@@ -74,7 +80,24 @@ class SessionHandle:
 
     @property
     def joined(self) -> bool:
-        return self.state is None
+        return self.state is None and not self._opening
+
+    @property
+    def opening(self) -> bool:
+        """Whether the conversation waits for the seed's prompt chain to grow to its prompt
+        (see ``_start``); :meth:`SessionBatch.prefill` grows it."""
+        return self._opening
+
+    def _open_some(self, steps: int) -> None:
+        """Grow the seed's prompt chain by up to ``steps`` steps toward this prompt's length;
+        once it is long enough, make the state."""
+        model = self.batch.model
+        grow_chain(model, self.request, steps)
+        if state_ready(model, self.request):
+            self.state = open_live(model, open_state(model, self.request))
+            self._opening = False
+            if self._quiet:
+                self.state.flags.cache[0] = mx.array([True])
 
     @property
     def closed(self) -> bool:
@@ -126,7 +149,7 @@ class SessionHandle:
         """Whether the prompt has more rows left than its first frame takes along (the batch's
         ``join_rows``): :meth:`SessionBatch.prefill` runs them first."""
         most = self.batch.join_rows
-        return most is not None and not self._closed and self.prefill_rows > most
+        return most is not None and not self._closed and (self._opening or self.prefill_rows > most)
 
     @property
     def ready(self) -> bool:
@@ -300,6 +323,9 @@ class SessionBatch:
                 self._state = None
 
     def _set_quiet(self, handle: SessionHandle) -> None:
+        if handle._opening:
+            handle._quiet = True
+            return
         state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
         quiet = mx.array(state.flags.cache[0])
         quiet[i] = True
@@ -313,13 +339,18 @@ class SessionBatch:
         has more prompt rows left than its first frame takes along (``join_rows``)."""
         return next((h for h in self._handles if h.prefilling), None)
 
-    def prefill(self, rows: int) -> int:
+    def prefill(self, rows: int, steps: Optional[int] = None) -> int:
         """Run ``rows`` more prompt rows of :attr:`prefilling`'s conversation through the LLM,
-        and wait for them; returns its rows left (0 with none prefilling)."""
+        and wait for them; returns its rows left (0 with none prefilling). While the seed's
+        prompt chain is shorter than its prompt, this grows the chain by ``steps`` (default
+        ``rows``) speech steps instead (and makes its state when it is long enough)."""
         note_mlx_thread()
         h = self.prefilling
         if h is None:
             return 0
+        if h._opening:
+            h._open_some(rows if steps is None else steps)
+            return h.prefill_rows
         rows = max(1, min(int(rows), h.prefill_rows - self.join_rows))
         prefill(self.model, h.state, rows)
         mx.eval([a for c in h.state.llm for a in cache_arrays(c)])

@@ -280,8 +280,9 @@ def start_state(model, request: Request, noise: NoiseSource, progress=None) -> F
 def chain_state(model, request: Request, progress=None) -> FrameState:
     """:func:`start_state` for the seeded noise, its TTS part taken from the seed's
     :class:`~.promptchain.PromptChain` (the same bits, without a step per prompt position)."""
-    steps = max(len(request.prompt_ids) - 1, 0)  # position 0 is never spoken
-    previous, tts_cache, noise = prompt_chain(model, request.seed).state(steps, progress)
+    previous, tts_cache, noise = prompt_chain(model, request.seed).state(
+        _chain_steps(request), progress
+    )
     return _state(model, request, previous, tts_cache, noise)
 
 
@@ -301,6 +302,28 @@ def _state(model, request: Request, previous, tts_cache, noise) -> FrameState:
         prefix=_prefix(model, request.prompt_ids),
         frames=[0],
     )
+
+
+def _chain_steps(request: Request) -> int:
+    return max(len(request.prompt_ids) - 1, 0)  # position 0 is never spoken
+
+
+def state_ready(model, request: Request) -> bool:
+    """Whether :func:`open_state` makes ``request``'s state without stepping the speech model
+    over prompt positions (its state is kept, or the seed's chain is long enough, or as long
+    as its memory bound lets it be). A caller's own noise source always steps."""
+    if request.noise is not None:
+        return False
+    memo = _memo(model, "_snapshots").get(OrderedDict)
+    if (tuple(request.prompt_ids), request.seed) in memo:
+        return True
+    chain = prompt_chain(model, request.seed)
+    return chain.steps >= min(_chain_steps(request), chain.max_steps)
+
+
+def grow_chain(model, request: Request, steps: int) -> None:
+    """Grow the seed's prompt chain by up to ``steps`` steps toward ``request``'s prompt."""
+    prompt_chain(model, request.seed).grow(_chain_steps(request), steps)
 
 
 def open_state(model, request: Request, progress=None) -> FrameState:

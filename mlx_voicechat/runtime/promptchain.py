@@ -27,6 +27,7 @@ import threading
 from typing import List, Tuple
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from ..nets.caches import RowCaches
 from ..noise import KeyNoise
@@ -54,9 +55,59 @@ def _record(cache, tape: list) -> None:
 
 
 def _layout(template, sizes: List[int]) -> Tuple[object, mx.array]:
-    """The cache ``template`` (a fresh mlx-lm cache) after updates of ``sizes`` positions, run
-    on position numbers: the cache's bookkeeping and, per buffer slot, 1 + the position it
-    holds (0: an empty slot)."""
+    """The cache ``template`` (a fresh mlx-lm cache) after updates of ``sizes`` positions: its
+    bookkeeping, and per buffer slot 1 + the position it holds (0: an empty slot). This
+    replays mlx-lm's ``KVCache`` / ``RotatingKVCache`` update rules on position numbers in
+    Python (:func:`_layout_mlx` runs the classes themselves; a test holds the two equal)."""
+    c = copy.copy(template)
+    if isinstance(template, RotatingKVCache):
+        slots, c.offset, c._idx = _rotating(sizes, template.max_size, template.keep)
+    elif type(template) is KVCache:
+        n = sum(sizes)
+        size = -(-n // KVCache.step) * KVCache.step if n else 0
+        slots, c.offset = list(range(1, n + 1)) + [0] * (size - n), n
+    else:
+        return _layout_mlx(template, sizes)
+    return c, mx.array(slots, dtype=mx.int32)
+
+
+def _rotating(sizes: List[int], max_size: int, keep: int) -> Tuple[List[int], int, int]:
+    """mlx-lm's ``RotatingKVCache`` bookkeeping over position numbers: (slots, offset, _idx)."""
+    buf, offset, idx = None, 0, 0
+    for s in sizes:
+        block = list(range(offset + 1, offset + s + 1))
+        if s > 1:  # _update_concat
+            if buf is None:
+                buf = block
+            else:
+                if idx != len(buf):  # _temporal_order
+                    buf = buf[:keep] + buf[idx:] + buf[keep:idx] if idx < offset else buf[:idx]
+                idx = len(buf)
+                trim = idx - max_size + 1
+                buf = (buf[:keep] + buf[trim + keep :] if trim > 0 else buf) + block
+            offset += s
+            idx = len(buf)
+            continue
+        prev = offset  # _update_in_place
+        if buf is None or (prev >= len(buf) and len(buf) < max_size):
+            grow = min(RotatingKVCache.step, max_size - prev)
+            buf = (buf or []) + [0] * grow
+            idx = prev
+        trim = len(buf) - max_size
+        if trim > 0:
+            buf = buf[:keep] + buf[trim + keep :]
+            idx = max_size
+        if idx == max_size:
+            idx = keep
+        buf[idx] = block[0]
+        offset += 1
+        idx += 1
+    return buf or [], offset, idx
+
+
+def _layout_mlx(template, sizes: List[int]) -> Tuple[object, mx.array]:
+    """:func:`_layout` by running the cache class itself on position numbers (slow: a few
+    array operations per position)."""
     sim = copy.deepcopy(template)
     start = 1
     for s in sizes:
@@ -133,6 +184,14 @@ class PromptChain:
             if progress is not None:
                 progress(i + 1, steps)
         return previous, cache, noise
+
+    def grow(self, steps: int, most: int) -> None:
+        """Run up to ``most`` more steps of the chain toward ``steps`` (within its bound)."""
+        note_mlx_thread()
+        target = min(steps, self.max_steps, self.steps + max(int(most), 1))
+        with self._lock:
+            if target > self.steps:
+                self._grow(target, None, target)
 
     def _rebuild(self, steps: int):
         sizes = [self.warmup_positions] + [1] * steps

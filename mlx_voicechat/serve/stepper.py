@@ -13,9 +13,10 @@ frames are left (behind the pushes that came in meanwhile), so no conversation w
 a round for another's backlog; a push's wait ends when its conversation has no frame left to
 run. A joining conversation's prompt enters the LLM in slices, one per step after the round's
 events are handed out, each about as long as a round (the rows a slice takes are measured and
-adapted); its first frame takes the last slice along. So a push that arrives during a step
-waits for at most one slice more than without the join. With no other conversation live, the
-prompt enters in one call.
+adapted); its first frame takes the last slice along. A prompt longer than the seed's prompt
+chain first grows the chain the same way, in slices of speech steps. So a push that arrives
+during a step waits for at most one slice more than without the join. With no other
+conversation live, the prompt enters in one call.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 SLICE_ROWS = 64  # a joining prompt's first slice, rows (then adapted to a round's time)
-SLICE_ROWS_MIN, SLICE_ROWS_MAX = 8, 4096
+SLICE_STEPS = 8  # the first slice of the seed's prompt chain's growth, speech steps (adapted)
+SLICE_ROWS_MIN, SLICE_ROWS_MAX = 8, 4096  # bounds of an adapted slice, rows or steps
+ALL = 1 << 30
 
 
 def _settle(future, result=None, error=None) -> None:
@@ -49,7 +52,8 @@ class Stepper:
         self._held: Dict[object, Tuple[list, float]] = {}  # their events and seconds so far
         self._scheduled = False
         self.slice_rows = SLICE_ROWS
-        self.slices: deque = deque(maxlen=256)  # rows of the last prompt slices run
+        self.slice_steps = SLICE_STEPS
+        self.slices: deque = deque(maxlen=256)  # the last slices run: ("rows" / "steps", n)
         self.round_seconds: Optional[float] = None  # a round's time, smoothed
 
     @property
@@ -129,24 +133,32 @@ class Stepper:
         self.round_seconds = seconds if r is None else 0.8 * r + 0.2 * seconds
 
     def _prefill_slice(self) -> None:
-        """One slice of the joining prompt: about a round's time when others are live, the
-        whole prompt when none is."""
+        """One slice of the joining prompt, about a round's time when others are live (the
+        whole of it when none is): speech steps of the seed's prompt chain while it is shorter
+        than the prompt, then the prompt's LLM rows."""
         batch = self.batch
         joining = batch.prefilling
         alone = not any(h.joined for h in batch.sessions)
-        rows = joining.prefill_rows if alone else self.slice_rows
+        opening = joining.opening
+        if opening:
+            units = ALL if alone else self.slice_steps
+        else:
+            units = joining.prefill_rows if alone else self.slice_rows
         t = time.perf_counter()
         try:
-            batch.prefill(rows)
+            batch.prefill(units, steps=units)
         except BaseException as e:  # the joining conversation's pushes hear of it
             self._fail(joining, e)
             return
         seconds = time.perf_counter() - t
-        self.slices.append(rows)
-        if not alone and self.round_seconds is not None and seconds > 0:
-            fit = int(rows * self.round_seconds / seconds)
-            self.slice_rows = max(SLICE_ROWS_MIN, min(SLICE_ROWS_MAX, fit))
-            batch.join_rows = self.slice_rows
+        self.slices.append(("steps" if opening else "rows", units))
+        if alone or self.round_seconds is None or seconds <= 0:
+            return
+        fit = max(SLICE_ROWS_MIN, min(SLICE_ROWS_MAX, int(units * self.round_seconds / seconds)))
+        if opening:
+            self.slice_steps = fit
+        else:
+            self.slice_rows = batch.join_rows = fit
 
     def _fail(self, handle, error) -> None:
         keep = []
