@@ -478,13 +478,19 @@ def new_instructions(model, tokens, seed):
     return text
 
 
-def join_stall(model, tokens=1000, live=3, seconds=12.0):
+def join_stall(model, tokens=1000, live=3, seconds=12.0, grown=True):
+    """``grown``: the seed's prompt chain is first grown past the prompt's length by a session
+    with a longer prompt of other words (the issue's setting); otherwise the join grows it."""
     from mlx_voicechat.runtime.request import prompt_ids
 
     instructions = new_instructions(model, tokens, seed=int(time.time()))
     n = len(prompt_ids(model, instructions))
+    seed = 0 if grown else int(time.time()) % 1000 + 1  # a seed whose chain is not grown yet
+    if grown:
+        longer = [7 + i % 50 for i in range(n + 100)]
+        Worker.shared().submit(lambda: model.session(prompt=longer, seed=0).close()).result()
     app = create_app(
-        model, max_sessions=live + 1, silence_feed=False, stats_every_frames=1,
+        model, max_sessions=live + 1, silence_feed=False, stats_every_frames=1, seed=seed,
         max_lag_seconds=120,  # measured here, not enforced
     )
     stepper = app.state.server.stepper
@@ -498,7 +504,7 @@ def join_stall(model, tokens=1000, live=3, seconds=12.0):
                 asyncio.create_task(live_client(server.port, frames, rng(i), until))
                 for i in range(live)
             ]
-            join = asyncio.create_task(joiner(server.port, instructions, rng(9), 3.0))
+            join = asyncio.create_task(joiner(server.port, instructions, rng(9), 5.0))
             t_join, first = await join
             await asyncio.sleep(2.0)
             until.set()
@@ -532,20 +538,24 @@ def plain_prefill_seconds(model, rows):
     return Worker.shared().submit(job).result()
 
 
-def print_join(j, name="tiny"):
+def print_join(j, name="tiny", grown=True):
     base = j["base"]
+    chain = "the chain grown before" if grown else "the join grows the chain"
     print(
-        f"join, {name}: 3 live conversations (one frame in flight each), a fourth opens with "
-        f"{j['tokens']} "
+        f"join, {name} ({chain}): 3 live conversations (one frame in flight each), a fourth "
+        f"opens with {j['tokens']} "
         f"tokens of new instructions"
     )
-    sl = j["slices"]
-    print(
-        f"  the prompt went in {len(sl)} slices of {min(sl, default=0)} to {max(sl, default=0)} "
-        f"rows (and the first frame's last slice)"
-    )
+    for kind, what in (("steps", "speech steps growing the prompt chain"), ("rows", "LLM rows")):
+        sl = [u for k, u in j["slices"] if k == kind]
+        if sl:
+            print(f"  {len(sl)} slices of {min(sl)} to {max(sl)} {what}")
     print(f"  live frames' latency before the join: {summary(j['before'])}")
     print(f"  live frames' latency during the join: {summary(j['during'])}")
+    print(
+        f"  worst during {1000 * max(j['during']):.0f} ms against worst before "
+        f"{1000 * max(j['before']):.0f} ms"
+    )
     print(
         f"  stall (worst during less median before): {1000 * j['stall']:.0f} ms = "
         f"{j['stall'] / base:.2f} frames of the batch's latency ({1000 * base:.0f} ms) = "
@@ -584,6 +594,7 @@ def main(argv=None):
     print(f"bench_server: {time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} CPUs")
     if args.join_only:
         print_join(join_stall(tiny))
+        print_join(join_stall(tiny, grown=False), grown=False)
         return 0
 
     app = create_app(
@@ -623,6 +634,7 @@ def main(argv=None):
             f"feed of that one frame {o['one_frame_job_ms_median']:.1f} ms"
         )
     print_join(join_stall(tiny))
+    print_join(join_stall(tiny, grown=False), grown=False)
     return 0
 
 
