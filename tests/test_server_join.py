@@ -154,3 +154,21 @@ def test_a_join_with_a_long_prompt_stalls_the_live_ones_at_most_one_unit(
     assert len(got[joining]) == len(alone) == 40
     assert [e.text_id for e in got[joining]] == [e.text_id for e in alone]
     assert all(np.array_equal(a.audio, b.audio) for a, b in zip(got[joining], alone))
+
+
+def test_the_warm_up_runs_a_round_at_every_batch_size(tiny, monkeypatch):
+    """So that no join waits for the compiled steps of a batch size the process has not run."""
+    from mlx_voicechat.runtime.batch import SessionBatch
+
+    sizes = []
+    real = SessionBatch._queue_round
+
+    def spy(self, ready):
+        sizes.append(sum(h.joined for h in ready))
+        return real(self, ready)
+
+    monkeypatch.setattr(SessionBatch, "_queue_round", spy)
+    stepper = Stepper(tiny, HandWorker(), max_sessions=3)
+    stepper.warm_up(lambda: stepper.open("Be brief.", seed=0), FRAME, frames=2)
+    assert {1, 2, 3} <= set(sizes)
+    assert len(stepper.batch) == 0  # its sessions are closed again

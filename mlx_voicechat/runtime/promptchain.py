@@ -170,7 +170,8 @@ class PromptChain:
         """The TTS's previous code ``[1, Q]``, caches and noise source after the warm-up and
         ``steps`` prompt steps: those of running the steps, bit for bit. The chain grows to
         ``steps`` first if it is shorter (``progress(done, total)`` after each new step) and
-        within its bound; past it, the rest is stepped here."""
+        within its bound; past it, the rest is stepped here. ``progress`` is called at least
+        once, with ``(steps, steps)`` at the end."""
         note_mlx_thread()
         kept = min(steps, self.max_steps)
         with self._lock:
@@ -183,6 +184,8 @@ class PromptChain:
             mx.async_eval(previous)
             if progress is not None:
                 progress(i + 1, steps)
+        if progress is not None and steps and kept == steps:
+            progress(steps, steps)  # (again, or at once when the chain was long enough)
         return previous, cache, noise
 
     def grow(self, steps: int, most: int) -> None:

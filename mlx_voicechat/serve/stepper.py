@@ -184,7 +184,7 @@ class Stepper:
                 for s in sessions:
                     s.push(np.zeros(frames * samples_per_frame, dtype=np.float32))
                 while self.batch.prefilling is not None:
-                    self.batch.prefill(self.batch.prefilling.prefill_rows)
+                    self.batch.prefill(ALL, steps=ALL)
                 self.batch.step()
         finally:
             for s in sessions:
