@@ -207,8 +207,8 @@ def main(argv=None):
         print(f"deployment: 2 replicas x {args.max_sessions} sessions, up in {up:.1f} s")
         assert ready.wait(120), "the direct server did not start"
         urls = {
-            "direct": f"ws://127.0.0.1:{direct_port}/v1/realtime",
-            "ray": f"ws://127.0.0.1:{ray_port}/v1/realtime",
+            "direct": f"ws://127.0.0.1:{direct_port}/v1/realtime?x-voicechat=1",
+            "ray": f"ws://127.0.0.1:{ray_port}/v1/realtime?x-voicechat=1",
         }
 
         rng = np.random.default_rng(1)

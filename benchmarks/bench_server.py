@@ -76,7 +76,7 @@ async def connect(port, **kw):
     import websockets
 
     ws = await websockets.connect(
-        f"ws://127.0.0.1:{port}/v1/realtime", max_size=None, max_queue=None, **kw
+        f"ws://127.0.0.1:{port}/v1/realtime?x-voicechat=1", max_size=None, max_queue=None, **kw
     )
     first = json.loads(await asyncio.wait_for(ws.recv(), 30))
     assert first["type"] == "session.created", first

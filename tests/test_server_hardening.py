@@ -329,12 +329,10 @@ def test_a_reply_flood_is_paced_not_dropped(serve):
 
         async def flood():
             for _ in range(burst):
-                await c.send(type="response.create")
+                await c.send(type="session.update", session={"voice": "ash"})
 
         sender = asyncio.create_task(flood())
-        await c.until(
-            lambda e: sum(x["type"] == "x-voicechat.response.create" for x in c.events) == burst
-        )
+        await c.until(lambda e: sum(x["type"] == "session.updated" for x in c.events) == burst)
         await sender
         await c.send(type="session.update", session={"instructions": "still here"})
         await c.until_type("session.updated")
@@ -356,6 +354,8 @@ def test_huge_instructions_are_refused_by_length_off_the_worker(serve, worker, m
         e = await c.until_type("error")
         assert e["error"]["code"] == "invalid_value" and "characters" in e["error"]["message"]
         assert e["error"]["param"] == "session.instructions"
+        kept = await c.until_type("session.updated")  # the rest of the update: nothing
+        assert len(kept["session"]["instructions"]) < 1000
         await c.send(type="session.update", session={"instructions": "Short."})
         assert (await c.until_type("session.updated"))["session"]["instructions"] == "Short."
         await c.ws.close()
@@ -399,7 +399,7 @@ def test_a_key_in_the_query_string_is_not_logged(serve):
 
         async def main():
             with pytest.raises(websockets.InvalidStatus):
-                await websockets.connect(f"{ws_url(server)}?api_key={SECRET}", open_timeout=TIMEOUT)
+                await websockets.connect(f"{ws_url(server)}&api_key={SECRET}", open_timeout=TIMEOUT)
 
         run(main())
         assert http(server, f"/health?api_key={SECRET}&x=1")[0] == 200
@@ -509,13 +509,15 @@ def test_the_page_is_sent_with_security_headers(serve):
 
 @pytest.fixture
 def started(monkeypatch):
-    """`serve.run` with uvicorn.run replaced (the arguments it got are returned)."""
-    import uvicorn
-
+    """`serve.run` with uvicorn replaced (the arguments it got are returned)."""
     from mlx_voicechat.cli import serve as cli
 
     calls = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    def serve_app(app, shutdown_timeout, **kw):  # instead of uvicorn
+        calls.update(app=app, shutdown_timeout=shutdown_timeout, **kw)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve_app", serve_app)
     monkeypatch.delenv(cli.KEY_ENV, raising=False)
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     yield calls
@@ -572,6 +574,7 @@ def test_the_open_file_limits_survive_loading_the_model(started, monkeypatch):
         (("--max-connections", "0"), "--max-connections"),
         (("--header-timeout", "0"), "--header-timeout"),
         (("--keep-alive-timeout", "0"), "--keep-alive-timeout"),
+        (("--shutdown-timeout", "0"), "--shutdown-timeout"),
         (("--max-prompt-tokens", "0"), "--max-prompt-tokens"),
     ],
 )

@@ -37,6 +37,7 @@ NO_ID = -1  # a forced-id flag that forces nothing
 _SNAPSHOTS_MAX = 4
 _CHAINS_MAX = 2  # prompt chains kept (seeds)
 _snapshot_lock = threading.Lock()
+PROMPT_STATES = {"hit": 0, "miss": 0}  # opens that found their post-prompt state kept, or not
 
 
 def _cache(required: bool = False):
@@ -339,6 +340,7 @@ def open_state(model, request: Request, progress=None) -> FrameState:
         snap = memo.get(key)
         if snap is not None:
             memo.move_to_end(key)
+        PROMPT_STATES["hit" if snap is not None else "miss"] += 1
     if snap is None:
         snap = chain_state(model, request, progress)
         mx.eval(snap.arrays())

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .mcp_tools import McpRunner
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -28,6 +29,7 @@ from .server import (  # noqa: F401  (Server and the constants: re-exported, imp
     Server,
 )
 
+EXTENSIONS_PARAM = "x-voicechat"  # ?x-voicechat=1: the client wants the x-voicechat.* events
 CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
 MAX_QUEUED_COMMANDS = 4096  # audio is bounded by max_lag_seconds, the number of events by this
 
@@ -39,8 +41,15 @@ class Conversation(Channel):
         super().__init__(
             server,
             websocket,
-            Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars),
+            Realtime(
+                server.model_id,
+                max_instructions_chars=server.max_instructions_chars,
+                extensions=wants_extensions(websocket),
+                mcp=getattr(server, "mcp", None),
+            ),
         )
+        self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
+        self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
         self.position = 0  # 16 kHz samples queued so far (client audio and clock silence)
@@ -83,7 +92,8 @@ class Conversation(Channel):
 
     def command(self, c) -> None:
         if isinstance(c, Start):
-            self.t0 = time.monotonic()
+            if self.t0 is None:
+                self.t0 = time.monotonic()
             self.inbox.append(c)
             self.started.set()
         elif isinstance(c, Append):
@@ -129,6 +139,7 @@ class Conversation(Channel):
     def free(self) -> None:
         """Give the slot back now; the session is closed on the worker after its current job."""
         super().free()
+        self.mcp.close()
 
         def close():
             if self.session is not None:
@@ -216,7 +227,9 @@ class Conversation(Channel):
     async def _execute(self, c, worker) -> None:
         """One client command (a commit's trailing silence is the driver's drain)."""
         if isinstance(c, Start):
-            if not await self._prompt_too_long(c):
+            if self.session is not None:
+                await self._restart(c, worker)
+            elif not await self._prompt_too_long(c):
                 await worker.run(self._open, c.instructions, c.tools)
         elif isinstance(c, ToolResult):
             await self._tool_result(c)
@@ -227,6 +240,26 @@ class Conversation(Channel):
 
     def _open(self, instructions, tools=()) -> None:  # on the worker
         self.session = self.server.open_session(instructions, tools)
+
+    async def _restart(self, c: Start, worker) -> None:
+        """Instructions or tools changed after the audio started: the model's prompt is fixed
+        when its session opens, so a new session opens with the new prompt at this point of
+        the audio (what the model heard before is not in it), and the old one closes."""
+        if await self._prompt_too_long(c):
+            return
+        self.send(self.protocol.restarted())
+        old = self.session
+
+        def reopen():  # on the worker
+            old.close()
+            self.session = None
+            self._open(c.instructions, c.tools)
+
+        await worker.run(reopen)
+        self.base = self.consumed
+        log.info(
+            "%s: the session restarted with new instructions or tools", self.protocol.session_id
+        )
 
     async def _prompt_too_long(self, c: Start) -> bool:
         """Count the prompt's tokens on a thread of its own, not the worker (a long prompt
@@ -251,9 +284,11 @@ class Conversation(Channel):
         try:
             frames = await self.server.worker.run(self.session.add_tool_result, c.call_id, c.output)
         except ToolError as e:
+            self.server.metrics.tool_call("refused")
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
-        self.send([self.protocol.tool_injection(c.call_id, frames)])
+        self.server.metrics.tool_call("answered")
+        self.send(self.protocol.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
         return any(isinstance(c, Append) and not c.silence for c in self.inbox)
@@ -270,8 +305,9 @@ class Conversation(Channel):
         def frames(n):  # frames final once n samples are in
             return 0 if n < first else (n - first) // per + 1
 
-        done, target = frames(self.consumed), frames(self.consumed + samples.size)
-        cut = session.samples_needed(target - 1) - self.consumed if target > done else 0
+        fed = self.consumed - self.base  # samples the open session took
+        done, target = frames(fed), frames(fed + samples.size)
+        cut = session.samples_needed(target - 1) - fed if target > done else 0
         self.held = samples[cut:]
         return samples[:cut]
 
@@ -295,6 +331,7 @@ class Conversation(Channel):
         them (with every other conversation's frames that are in)."""
         events, seconds = await self.server.stepper.feed(self.session, samples)
         self.consumed += samples.size
+        self.server.metrics.lag(self.lag_seconds)
         self.send(self.protocol.frames(events))
         self._stats["frames"] += len(events)
         self._stats["seconds"] += seconds
@@ -302,14 +339,12 @@ class Conversation(Channel):
         if every and self._stats["frames"] >= every:
             frames, secs = self._stats["frames"], self._stats["seconds"]
             self.send(
-                [
-                    self.protocol.stats(
-                        lag_seconds=round(self.lag_seconds, 3),
-                        rtf=round(secs / (frames * FRAME_SECONDS), 3),
-                        seconds_per_frame=round(secs / frames, 4),
-                        tool_frames=self.session.tool_frames,
-                    )
-                ]
+                self.protocol.stats(
+                    lag_seconds=round(self.lag_seconds, 3),
+                    rtf=round(secs / (frames * FRAME_SECONDS), 3),
+                    seconds_per_frame=round(secs / frames, 4),
+                    tool_frames=self.session.tool_frames,
+                )
             )
             self._stats = {"frames": 0, "seconds": 0.0}
         ended = [e.end for e in events if getattr(e, "end", None)]
@@ -339,3 +374,13 @@ class Conversation(Channel):
     def _end_drain(self) -> None:
         self.drain = None
         self.send(self.protocol.commit_done())
+
+
+def wants_extensions(websocket) -> bool:
+    """Whether the client asked for the ``x-voicechat.*`` events (``?x-voicechat=1`` on the
+    URL; a ``session.update`` with ``"x-voicechat": {"events": true}`` asks later)."""
+    try:
+        value = websocket.query_params.get(EXTENSIONS_PARAM)
+    except AttributeError:  # a stand-in socket without a URL
+        return False
+    return value is not None and value.lower() not in ("0", "false", "no", "off")

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict, deque
 from typing import Dict, List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
-from .responses import Responses
+from .mcp_tools import McpPolicy, McpTools
+from .responses import MAX_REQUESTS, Responses
 from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)
     DEFAULT_RATE,
     INPUT_RATES,
@@ -55,11 +57,9 @@ log = logging.getLogger("mlx_voicechat.serve")
 
 # Client event names this server acts on; other known names are answered as unsupported.
 _UNSUPPORTED = {
-    "conversation.item.delete": "this server keeps no editable conversation history",
-    "conversation.item.retrieve": "this server keeps no conversation history to retrieve",
-    "output_audio_buffer.clear": "output_audio_buffer.clear is for WebRTC / SIP connections",
     "transcription_session.update": "this server runs realtime, not transcription, sessions",
 }
+NOTE_ROLES = ("system", "developer")  # text messages that join the instructions
 
 
 class Realtime(Responses, EventSource):
@@ -73,14 +73,20 @@ class Realtime(Responses, EventSource):
         *,
         voice: str = "Aria",
         max_instructions_chars: Optional[int] = None,
+        extensions: bool = False,
+        mcp: Optional[McpPolicy] = None,
     ):
         super().__init__()
+        self.mcp = McpTools(self, mcp)  # the session's mcp tools (serve/mcp_tools.py)
+        self.extensions = extensions  # x-voicechat.* events for a client that asked for them
         self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
         self.session_id = _new_id("sess")
         self.conversation_id = _new_id("conv")
         self.instructions: Optional[str] = None
+        self.notes: List[str] = []  # system / developer text messages: they join the instructions
         self.tools: List[dict] = []
+        self.opened_with: Optional[tuple] = None  # (prompt, tools) the model's session runs
         self._calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
         self.voice = voice
         self.input_rate = DEFAULT_RATE
@@ -95,12 +101,29 @@ class Realtime(Responses, EventSource):
         self._output: Optional[Resampler] = None
         self._last_item: Optional[str] = None
         self._assistant_items: Dict[str, int] = {}  # item id -> audio ms sent
+        self.items: "OrderedDict[str, dict]" = OrderedDict()  # the conversation, for retrieve
+        self._item_sizes: Dict[str, int] = {}  # item id -> characters of its JSON
+        self._item_chars = 0
+        self._requests: deque = deque()  # the metadata of response.create requests that wait
         # the open user item (RNNT transcript of the user's words)
         self._user_item: Optional[str] = None
         self._user_text: List[str] = []
         self._user_frames = 0
 
     # -- helpers --
+
+    @property
+    def session_tools(self) -> tuple:
+        """The model's tools: the session's function tools, then its MCP servers' tools."""
+        return tuple(self.tools) + tuple(self.mcp.functions)
+
+    @property
+    def prompt(self) -> Optional[str]:
+        """The instructions the model is given: the session's, then each system or developer
+        text message in the order they came (None: the model's default prompt)."""
+        if not self.notes:
+            return self.instructions
+        return "\n\n".join(([self.instructions] if self.instructions else []) + self.notes)
 
     def session_object(self) -> dict:
         return {
@@ -109,7 +132,7 @@ class Realtime(Responses, EventSource):
             "id": self.session_id,
             "model": self.model_id,
             "output_modalities": ["audio"],
-            "instructions": resolve_system_prompt(self.instructions),  # what the model hears
+            "instructions": resolve_system_prompt(self.prompt),  # what the model hears
             "audio": {
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.input_rate},
@@ -123,7 +146,7 @@ class Realtime(Responses, EventSource):
                     "speed": 1.0,
                 },
             },
-            "tools": [dict(t, type="function") for t in self.tools],
+            "tools": [dict(t, type="function") for t in self.tools] + self.mcp.echo(),
             "tool_choice": "auto",
             "max_output_tokens": "inf",
         }
@@ -183,11 +206,17 @@ class Realtime(Responses, EventSource):
         except ProtocolError as e:
             return [self.error(e.code, e.message, e.param, client_id)], []
         except Exception as e:  # a shape no check above foresaw: answered, logged, not fatal
-            log.exception("unexpected client event %.200r", raw)
+            shown = "(not shown: it has headers)" if '"headers"' in raw else raw  # secrets
+            log.exception("unexpected client event %.200r", shown)
             message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
             return [self.error("invalid_event", message, None, client_id)], []
 
     def _session_update(self, event: dict):
+        """Each field on its own: what this model cannot honour is refused with an error that
+        names it (or, for a choice it has no use for, such as a voice name or turn detection,
+        ignored), and every other field is applied; ``session.updated`` then says what is in
+        effect. Instructions or tools that change after the audio started restart the model's
+        conversation with the new prompt (:meth:`_restart`)."""
         session = event.get("session")
         if not isinstance(session, dict):
             raise ProtocolError("invalid_value", "`session` must be an object", "session")
@@ -201,75 +230,82 @@ class Realtime(Responses, EventSource):
         audio = session.get("audio") if isinstance(session.get("audio"), dict) else {}
         a_in = audio.get("input") if isinstance(audio.get("input"), dict) else {}
         a_out = audio.get("output") if isinstance(audio.get("output"), dict) else {}
+        client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        new: dict = {}
+        refused: List[ProtocolError] = []
 
-        new = {}
-        if "instructions" in session and session["instructions"] is not None:
-            if not isinstance(session["instructions"], str):
-                raise ProtocolError(
-                    "invalid_value", "`instructions` must be a string", "session.instructions"
-                )
-            most = self.max_instructions_chars
-            if most is not None and len(session["instructions"]) > most:
-                raise ProtocolError(
-                    "invalid_value",
-                    f"`instructions` is {len(session['instructions'])} characters; at most {most} "
-                    "fit the prompt this server takes",
-                    "session.instructions",
-                )
-            new["instructions"] = session["instructions"]  # "" is no prompt, not the default
-        voice = a_out.get("voice", session.get("voice"))  # GA, then beta's flat `voice`
-        if voice is not None:
-            name = voice.get("id") if isinstance(voice, dict) else voice
-            if name not in VOICES:
-                raise ProtocolError(
-                    "invalid_value",
-                    f"voice {name!r} is not available; this model speaks as {', '.join(VOICES)}",
-                    "session.audio.output.voice",
-                )
-            new["voice"] = name
-        rate = _format_rate(
-            a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
-        )
-        if rate is not None:
-            new["input_rate"] = rate
-        rate = _format_rate(
-            a_out.get("format"), session.get("output_audio_format"), OUTPUT_RATES, "output"
-        )
-        if rate is not None:
-            new["output_rate"] = rate
-        modalities = session.get("output_modalities", session.get("modalities"))
-        if modalities is not None:
-            if not isinstance(modalities, list) or "audio" not in modalities:
-                raise ProtocolError(
-                    "invalid_value",
-                    "this model always answers in audio (with its transcript): output_modalities "
-                    'must include "audio"',
-                    "session.output_modalities",
-                )
-        if session.get("tools") is not None:
+        def field(name, parse):
             try:
-                new["tools"] = normalize_tools(session["tools"])
-            except ToolError as e:
-                raise ProtocolError("invalid_value", str(e), "session.tools") from None
+                value = parse()
+            except ProtocolError as e:
+                refused.append(e)
+                return
+            if value is not None:
+                new[name] = value
+
+        field("instructions", lambda: self._instructions_of(session))
+        # A voice name (GA's audio.output.voice, beta's flat `voice`) is a wish this model
+        # cannot grant: it has one voice, which session.updated reports.
+        field(
+            "input_rate",
+            lambda: _format_rate(
+                a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
+            ),
+        )
+        field(
+            "output_rate",
+            lambda: _format_rate(
+                a_out.get("format"), session.get("output_audio_format"), OUTPUT_RATES, "output"
+            ),
+        )
+        field("modalities", lambda: _modalities(session))
+        field("tools", lambda: _tools_of(self.mcp.take(session)))
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
             new["transcription"] = t is not None
+        x = session.get("x-voicechat")
+        if isinstance(x, dict) and isinstance(x.get("events"), bool):
+            self.extensions = x["events"]
 
-        if self.started:
-            fixed = ("instructions", "voice", "input_rate", "output_rate", "tools")
-            changed = [k for k in fixed if k in new and new[k] != getattr(self, k)]
-            if changed:
-                names = {"input_rate": "audio.input.format", "output_rate": "audio.output.format"}
-                raise ProtocolError(
-                    "session_immutable",
-                    "the session has started (audio arrived); "
-                    + ", ".join(names.get(k, k) for k in changed)
-                    + " cannot change any more",
-                    "session." + names.get(changed[0], changed[0]),
-                )
+        new.pop("modalities", None)
+        if "input_rate" in new and self._input is not None and new["input_rate"] != self.input_rate:
+            self._input = Resampler(new["input_rate"], MODEL_INPUT_RATE)
         for k, v in new.items():
             setattr(self, k, v)
-        return [self._event("session.updated", session=self.session_object())], []
+        events = [self.error(e.code, e.message, e.param, client_id) for e in refused]
+        events.append(self._event("session.updated", session=self.session_object()))
+        events += self.mcp.events()
+        return events, self._restart()
+
+    def _instructions_of(self, session: dict) -> Optional[str]:
+        text = session.get("instructions")
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise ProtocolError(
+                "invalid_value", "`instructions` must be a string", "session.instructions"
+            )
+        self._check_length(len(text), "session.instructions")
+        return text  # "" is no prompt, not the default
+
+    def _check_length(self, chars: int, param: str) -> None:
+        most = self.max_instructions_chars
+        if most is not None and chars > most:
+            raise ProtocolError(
+                "invalid_value",
+                f"`instructions` would be {chars} characters; at most {most} fit the prompt "
+                "this server takes",
+                param,
+            )
+
+    def _restart(self) -> List[Command]:
+        """Once the model's session runs, a new prompt (instructions, system or developer
+        messages, tools) restarts it: the model's prompt is fixed when its session opens. The
+        driver applies it at its next job (see ``Conversation._execute``)."""
+        if self.opened_with is None or self.opened_with == (self.prompt, self.session_tools):
+            return []
+        self.opened_with = (self.prompt, self.session_tools)
+        return [Start(self.prompt, self.session_tools)]
 
     def _append(self, event: dict):
         samples = decode_pcm16(event.get("audio"))
@@ -279,7 +315,8 @@ class Realtime(Responses, EventSource):
         if not self.started:
             self.started = True
             self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            commands.append(Start(self.instructions, tuple(self.tools)))
+            self.opened_with = (self.prompt, self.session_tools)
+            commands.append(Start(self.prompt, self.session_tools))
         resampled = self._input(samples)
         if resampled.size:
             commands.append(Append(resampled))
@@ -306,18 +343,29 @@ class Realtime(Responses, EventSource):
         return [self._event("input_audio_buffer.cleared")], [Clear()]
 
     def _response_create(self, event: dict):
-        open_id = self.response["id"] if self.response else None
-        return [
-            self._event(
-                "x-voicechat.response.create",
-                accepted=True,
-                response_id=open_id,
-                message=(
-                    "this full-duplex model decides itself when to speak: a response opens when it "
-                    "starts a turn; response.create does not start one"
-                ),
+        """A request for a response. This model decides itself when to speak, so the request
+        opens a response at once (``response.created``, its ``metadata`` echoed) that the
+        model's next turn or function call fills; if the model stays quiet for
+        :data:`~.responses.REQUEST_WAIT_FRAMES` frames, it completes empty. While the model is
+        speaking, the request waits for the end of that response. Per-response instructions,
+        tools and modalities are not applied (the model's prompt is the session's)."""
+        r = event.get("response") if isinstance(event.get("response"), dict) else {}
+        metadata = r.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ProtocolError(
+                "invalid_value", "`response.metadata` must be an object", "response.metadata"
             )
-        ], []
+        if r.get("conversation") == "none":
+            # an out-of-band response: nothing in the conversation changes, and this model
+            # writes nothing outside its conversation
+            return self._empty_response(metadata), []
+        if len(self._requests) >= MAX_REQUESTS:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"{MAX_REQUESTS} requested responses already wait for the model",
+            )
+        self._requests.append(metadata)
+        return self._next_request(), []
 
     def _response_cancel(self, event: dict):
         if self.response is None:
@@ -335,15 +383,84 @@ class Realtime(Responses, EventSource):
 
     def _item_create(self, event: dict):
         item = event.get("item")
-        kind = item.get("type") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            raise ProtocolError("invalid_value", "`item` must be an object", "item")
+        kind = item.get("type")
         if kind == "function_call_output":
             return self._tool_output(item)
+        if kind == "mcp_approval_response":
+            return self.mcp.approval(item)
+        if kind == "message":
+            return self._message(item, event.get("previous_item_id"))
+        if kind == "function_call":  # a client's record of an earlier call: kept, not run
+            return self._record(item, "function_call"), []
         raise ProtocolError(
-            "unsupported_event",
-            "this model only hears audio: send input_audio_buffer.append instead of "
-            f"conversation.item.create ({kind!r} items)",
+            "invalid_value",
+            f"item type {kind!r} is not one of message, function_call, function_call_output, "
+            "mcp_approval_response",
             "item.type",
         )
+
+    def _message(self, item: dict, previous):
+        """A text (or audio) message item from the client. The model only hears the audio
+        stream, so: a ``system`` or ``developer`` message joins the instructions (at once
+        before the first audio, by a restart after it, see :meth:`_restart`); a ``user`` or
+        ``assistant`` message is kept in the conversation (``conversation.item.retrieve``
+        returns it) but the model does not hear it."""
+        role = item.get("role")
+        if role not in ("user", "assistant") + NOTE_ROLES:
+            raise ProtocolError(
+                "invalid_value",
+                f"message role {role!r} is not one of user, assistant, system, developer",
+                "item.role",
+            )
+        content = item.get("content")
+        if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+            raise ProtocolError(
+                "invalid_value", "`item.content` must be a list of objects", "item.content"
+            )
+        commands: List[Command] = []
+        if role in NOTE_ROLES:
+            text = "".join(c["text"] for c in content if isinstance(c.get("text"), str)).strip()
+            if text:
+                self._check_length(len(self.prompt or "") + len(text) + 2, "item.content")
+                self.notes.append(text)
+                commands = self._restart()
+        return self._record(item, "message", role=role, content=content), commands
+
+    def _record(self, item: dict, kind: str, **fields) -> List[Event]:
+        """A client's item into the conversation: ``conversation.item.added`` and ``.done``."""
+        given = item.get("id")
+        item_id = given if isinstance(given, str) and 0 < len(given) <= 64 else _new_id("item")
+        done = {k: v for k, v in item.items() if k not in ("id", "object", "status")}
+        done.update(id=item_id, object="realtime.item", type=kind, status="completed", **fields)
+        return [self._add_item(done), self._item_done(done)]
+
+    def _item_retrieve(self, event: dict):
+        item_id = event.get("item_id")
+        item = self.items.get(item_id) if isinstance(item_id, str) else None
+        if item is None:
+            raise ProtocolError(
+                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
+            )
+        return [self._event("conversation.item.retrieved", item=item)], []
+
+    def _item_delete(self, event: dict):
+        """Forget an item (the model heard what it heard: only the record goes; a system or
+        developer message's text stays in the instructions)."""
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str) or item_id not in self.items:
+            raise ProtocolError(
+                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
+            )
+        del self.items[item_id]
+        self._item_chars -= self._item_sizes.pop(item_id)
+        return [self._event("conversation.item.deleted", item_id=item_id)], []
+
+    def _output_clear(self, event: dict):
+        """WebRTC's playback buffer: over a WebSocket the client plays the audio itself, so
+        there is nothing here to clear; acknowledged."""
+        return [self._event("output_audio_buffer.cleared", response_id=None)], []
 
     def _tool_output(self, item: dict):
         call_id, output = item.get("call_id"), item.get("output")
@@ -365,10 +482,7 @@ class Realtime(Responses, EventSource):
             "output": output,
             "status": "completed",
         }
-        events = [
-            self._add_item(done),
-            self._event("conversation.item.done", previous_item_id=None, item=done),
-        ]
+        events = [self._add_item(done), self._item_done(done)]
         return events, [ToolResult(call_id, output)]
 
     def _item_truncate(self, event: dict):
@@ -392,6 +506,26 @@ class Realtime(Responses, EventSource):
                 "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
             )
         ], []
+
+def _modalities(session: dict) -> None:
+    modalities = session.get("output_modalities", session.get("modalities"))
+    if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
+        raise ProtocolError(
+            "invalid_value",
+            "this model always answers in audio (with its transcript): output_modalities "
+            'must include "audio"',
+            "session.output_modalities",
+        )
+
+
+def _tools_of(session: dict) -> Optional[List[dict]]:
+    if session.get("tools") is None:
+        return None
+    try:
+        return normalize_tools(session["tools"])
+    except ToolError as e:
+        raise ProtocolError("invalid_value", str(e), "session.tools") from None
+
 
 def _format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
     """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
@@ -432,4 +566,7 @@ _HANDLERS = {
     "response.cancel": Realtime._response_cancel,
     "conversation.item.create": Realtime._item_create,
     "conversation.item.truncate": Realtime._item_truncate,
+    "conversation.item.retrieve": Realtime._item_retrieve,
+    "conversation.item.delete": Realtime._item_delete,
+    "output_audio_buffer.clear": Realtime._output_clear,
 }

@@ -55,6 +55,7 @@ class Stepper:
         self.slice_steps = SLICE_STEPS
         self.slices: deque = deque(maxlen=256)  # the last slices run: ("rows" / "steps", n)
         self.round_seconds: Optional[float] = None  # a round's time, smoothed
+        self.on_step = None  # on_step(frames of each conversation, seconds) after each step
 
     @property
     def batch(self):
@@ -107,6 +108,8 @@ class Stepper:
         seconds = time.perf_counter() - t
         if batch.last_rounds:
             self._note_round(seconds / batch.last_rounds)
+        if self.on_step is not None:
+            self.on_step([len(events) for events in out.values()], seconds)
         for handle, future, loop in waiting:
             events, secs = self._held.pop(handle, ([], 0.0))
             events, secs = events + out.pop(handle, []), secs + seconds

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -23,6 +24,7 @@ PCM16_SCALE = 32768.0
 VOICES = ("Aria",)
 
 Event = Dict[str, Any]
+log = logging.getLogger("mlx_voicechat.serve")
 
 
 # --- commands for the worker --------------------------------------------------------------
@@ -182,6 +184,7 @@ class EventSource:
     def __init__(self):
         self._events = itertools.count(1)
         self._event_prefix = "event_" + secrets.token_hex(6)
+        self.peer = ""  # the client's address, for the log (set by the transport)
 
     def _event(self, type_: str, **fields) -> Event:
         return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
@@ -194,6 +197,16 @@ class EventSource:
         client_event_id: Optional[str] = None,
         type_: str = "invalid_request_error",
     ) -> Event:
+        """An ``error`` event, logged (once, here, where every error event is made) with the
+        connection and the reason, so that an operator sees why a client failed."""
+        log.warning(
+            "%s%s: error event %s%s: %s",
+            getattr(self, "session_id", self._event_prefix),
+            f" ({self.peer})" if self.peer else "",
+            code,
+            f" ({param})" if param else "",
+            message[:300],
+        )
         return self._event(
             "error",
             error={

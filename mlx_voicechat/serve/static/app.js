@@ -461,6 +461,7 @@
     const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
     const url = new URL(`${scheme}://${location.host}/v1/realtime`);
     if (modelId) url.searchParams.set('model', modelId);
+    url.searchParams.set('x-voicechat', '1');  // the server's stats events (lag, real-time factor)
     const key = ui.apikey.value.trim();
     // Browsers cannot set headers: the key travels as a subprotocol, as OpenAI's clients do.
     const protocols = key ? ['realtime', `openai-insecure-api-key.${key}`] : undefined;
