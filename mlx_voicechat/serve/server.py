@@ -9,8 +9,6 @@ import ipaddress
 import time
 from typing import Iterable, List, Optional, Set
 
-import numpy as np
-
 from ..runtime.request import prompt_ids, resolve_system_prompt
 from ..runtime.tools import render_system_prompt
 from .metrics import Metrics
@@ -132,13 +130,11 @@ class Server:
         return len(prompt_ids(self.model, text))
 
     def warm_up(self, frames: int = 4) -> None:
-        """On the worker: open a session and run a few frames, so the first client does not pay
-        for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
-        session = self._open(None)  # (not a client's: not in the metrics)
-        try:
-            self.stepper.run_now(session, np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
-        finally:
-            session.close()
+        """On the worker: run a few frames at every batch size the server holds, so neither the
+        first client nor a join pays for first-use costs (compiled steps at each batch size, the
+        TTS warm-up codes, the seed's prompt chain, the speech stream). Its sessions are not
+        clients': they are not in the metrics."""
+        self.stepper.warm_up(lambda: self._open(None), SAMPLES_PER_FRAME, frames)
 
     # -- admission --
 
