@@ -12,8 +12,15 @@
    the server's event for that frame arriving (stats after the frame's audio delta), with the
    audio paced at real time (tiny; small is slower than real time on this CPU) and one frame in
    flight at a time (tiny and small).
+5. join: three live conversations, each with one frame in flight (its next frame's audio goes
+   when the last frame's events are in: the figures do not need a machine that keeps up with
+   real time), --max-sessions 4, tiny; then a fourth opens with 1,000 tokens of instructions no
+   session has seen and sends audio at real time: each live one's frame latency (append -> its
+   events) before and during the join, the stall (the worst latency during the join less the
+   median before) in frames of that median and of 80 ms; and the fourth's time from its
+   session.update to its first audio, against its plain prefill plus 10 frames.
 
-Run: python benchmarks/bench_server.py [--quick] [--scale small]
+Run: python benchmarks/bench_server.py [--quick] [--scale small] [--join-only]
 """
 
 import argparse
@@ -399,6 +406,169 @@ def overhead(model, n_chunks, frames_per_chunk=4):
     return out
 
 
+# --- 5. a join with new instructions --------------------------------------------------------
+
+
+async def live_client(port, frames, rng, until):
+    """A conversation with one frame in flight (the next frame's audio goes when the last
+    frame's events are in, so the figures do not depend on the machine keeping up with real
+    time); (send time, latency) of each frame."""
+    ws = await connect(port)
+    await ws.send(json.dumps(NATIVE))
+    x = noise((frames + 1) * FRAME, rng)
+    out = []
+    for k in range(frames + 1):
+        if until.is_set():
+            break
+        sent = time.perf_counter()
+        chunk = x[k * FRAME : (k + 1) * FRAME]
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": pcm(chunk)}))
+        while True:
+            e = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            if e["type"] == "x-voicechat.stats" and e["frames"] >= k + 1:
+                out.append((sent, time.perf_counter() - sent))
+                break
+    until.set()
+    await ws.close()
+    return out
+
+
+async def joiner(port, instructions, rng, delay):
+    """Connects after ``delay`` s with ``instructions``, sends audio at real time; returns (the
+    session.update's send time, seconds from it to the first audio delta)."""
+    await asyncio.sleep(delay)
+    ws = await connect(port)
+    update = json.loads(json.dumps(NATIVE))
+    update["session"]["instructions"] = instructions
+    t0 = time.perf_counter()
+    await ws.send(json.dumps(update))
+    x = noise(200 * FRAME, rng)
+    first = None
+
+    async def sender():
+        k = 0
+        while first is None and k < 200:
+            await asyncio.sleep(max(t0 + k * 0.08 - time.perf_counter(), 0))
+            chunk = x[k * FRAME : (k + 1) * FRAME]
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": pcm(chunk)}))
+            k += 1
+
+    task = asyncio.create_task(sender())
+    while first is None:
+        e = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        if e["type"] in ("response.output_audio.delta", "response.audio.delta"):
+            first = time.perf_counter() - t0
+        elif e["type"] == "error":
+            raise RuntimeError(e)
+    await task
+    await asyncio.sleep(1.0)
+    await ws.close()
+    return t0, first
+
+
+def new_instructions(model, tokens, seed):
+    """Instructions of about ``tokens`` tokens of words no session has seen."""
+    from mlx_voicechat.runtime.request import prompt_ids
+
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "river", "orange", "seven", "table", "quiet", "north", "maple", "signal"]
+    text = "Be brief."
+    while len(prompt_ids(model, text)) < tokens:
+        text += " " + " ".join(rng.choice(words) for _ in range(20))
+    return text
+
+
+def join_stall(model, tokens=1000, live=3, seconds=12.0, grown=True):
+    """``grown``: the seed's prompt chain is first grown past the prompt's length by a session
+    with a longer prompt of other words (the issue's setting); otherwise the join grows it."""
+    from mlx_voicechat.runtime.request import prompt_ids
+
+    instructions = new_instructions(model, tokens, seed=int(time.time()))
+    n = len(prompt_ids(model, instructions))
+    seed = 0 if grown else int(time.time()) % 1000 + 1  # a seed whose chain is not grown yet
+    if grown:
+        longer = [7 + i % 50 for i in range(n + 100)]
+        Worker.shared().submit(lambda: model.session(prompt=longer, seed=0).close()).result()
+    app = create_app(
+        model, max_sessions=live + 1, silence_feed=False, stats_every_frames=1, seed=seed,
+        max_lag_seconds=120,  # measured here, not enforced
+    )
+    stepper = app.state.server.stepper
+    with ServerThread(app) as server:
+
+        async def run_all():
+            until = asyncio.Event()
+            frames = int(seconds / 0.08)
+            rng = np.random.default_rng
+            tasks = [
+                asyncio.create_task(live_client(server.port, frames, rng(i), until))
+                for i in range(live)
+            ]
+            join = asyncio.create_task(joiner(server.port, instructions, rng(9), 5.0))
+            t_join, first = await join
+            await asyncio.sleep(2.0)
+            until.set()
+            return t_join, first, await asyncio.gather(*tasks)
+
+        t_join, first, rows = asyncio.run(run_all())
+        slices = list(stepper.slices)
+    before = [lat for r in rows for sent, lat in r if sent < t_join - 0.3]
+    during = [lat for r in rows for sent, lat in r if t_join - 0.1 <= sent <= t_join + first + 1.0]
+    base = statistics.median(before)
+    stall = max(during) - base
+    return {
+        "tokens": n, "before": before, "during": during, "base": base, "stall": stall,
+        "first_audio": first, "prefill": plain_prefill_seconds(model, n + 1), "slices": slices,
+    }
+
+
+def plain_prefill_seconds(model, rows):
+    """One LLM call over ``rows`` positions on a fresh cache, on the worker."""
+    import mlx.core as mx
+
+    def job():
+        stt = model.stt_model
+        x = stt.embed_tokens(mx.zeros((1, rows), dtype=mx.int32) + 7)
+        mx.eval(x)
+        cache = stt.llm.make_cache()
+        t = time.perf_counter()
+        mx.eval(stt.llm(x, cache))
+        return time.perf_counter() - t
+
+    return Worker.shared().submit(job).result()
+
+
+def print_join(j, name="tiny", grown=True):
+    base = j["base"]
+    chain = "the chain grown before" if grown else "the join grows the chain"
+    print(
+        f"join, {name} ({chain}): 3 live conversations (one frame in flight each), a fourth "
+        f"opens with {j['tokens']} "
+        f"tokens of new instructions"
+    )
+    for kind, what in (("steps", "speech steps growing the prompt chain"), ("rows", "LLM rows")):
+        sl = [u for k, u in j["slices"] if k == kind]
+        if sl:
+            print(f"  {len(sl)} slices of {min(sl)} to {max(sl)} {what}")
+    print(f"  live frames' latency before the join: {summary(j['before'])}")
+    print(f"  live frames' latency during the join: {summary(j['during'])}")
+    print(
+        f"  worst during {1000 * max(j['during']):.0f} ms against worst before "
+        f"{1000 * max(j['before']):.0f} ms"
+    )
+    print(
+        f"  stall (worst during less median before): {1000 * j['stall']:.0f} ms = "
+        f"{j['stall'] / base:.2f} frames of the batch's latency ({1000 * base:.0f} ms) = "
+        f"{j['stall'] / 0.08:.2f} frames of 80 ms"
+    )
+    target = j["prefill"] + 10 * base  # a frame: the batch's median append -> events
+    print(
+        f"  the fourth's first audio {1000 * j['first_audio']:.0f} ms after its session.update; "
+        f"its prompt's plain prefill {1000 * j['prefill']:.0f} ms + 10 frames = "
+        f"{1000 * target:.0f} ms: {'met' if j['first_audio'] <= target else 'NOT met'}"
+    )
+
+
 def summary(xs):
     xs = sorted(xs)
     p90 = xs[int(0.9 * (len(xs) - 1))]
@@ -414,6 +584,7 @@ def main(argv=None):
     p.add_argument("--scale", default="small", help="factory scale for the overhead figure")
     p.add_argument("--events", type=int, default=10000)
     p.add_argument("--sessions", type=int, default=100)
+    p.add_argument("--join-only", action="store_true", help="only 5. (a join's stall)")
     args = p.parse_args(argv)
     if args.quick:
         args.events, args.sessions = 1000, 10
@@ -421,6 +592,10 @@ def main(argv=None):
     tmp = tempfile.mkdtemp(prefix="bench_server_")
     tiny = load(tmp, "tiny")
     print(f"bench_server: {time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} CPUs")
+    if args.join_only:
+        print_join(join_stall(tiny))
+        print_join(join_stall(tiny, grown=False), grown=False)
+        return 0
 
     app = create_app(
         tiny, silence_feed=False, stats_every_frames=1, commit_seconds=0.24, max_reply_seconds=1.0
@@ -458,6 +633,8 @@ def main(argv=None):
             f"{o['one_frame_in_flight_latency_ms_median']:.1f} ms median, of which the session's "
             f"feed of that one frame {o['one_frame_job_ms_median']:.1f} ms"
         )
+    print_join(join_stall(tiny))
+    print_join(join_stall(tiny, grown=False), grown=False)
     return 0
 
 

@@ -175,12 +175,12 @@ class Model(VoiceChatModel):
             tools=tools,
         )
 
-    def session_batch(self, max_sessions: int = 8):
+    def session_batch(self, max_sessions: int = 8, join_rows=None):
         """Live conversations stepped together, one batched forward per frame: see
-        :class:`mlx_voicechat.runtime.batch.SessionBatch`."""
+        :class:`mlx_voicechat.runtime.batch.SessionBatch` (``join_rows``: prompts in slices)."""
         from .runtime.batch import SessionBatch
 
-        return SessionBatch(self, max_sessions=max_sessions)
+        return SessionBatch(self, max_sessions=max_sessions, join_rows=join_rows)
 
 
 GENERATE_OPTIONS = (

@@ -165,8 +165,13 @@ def mlx_audio_tokens(path, x, language):
 def test_tokens_equal_mlx_audio_generate(ckpts, name):
     """Ours (``edge="mlx-audio"``) and mlx-audio's generate on the same weights and audio, with
     the language detected and forced; mlx-audio leaves the special pieces (the language tag)
-    out of its tokens."""
+    out of its tokens. The checkpoints are those where mlx-audio agrees with Transformers (which
+    decides where they differ, tests/test_asr_transformers.py): the factory's blank embedding
+    row is zero (mlx-audio starts the prediction network on a zero vector, Transformers on that
+    row), ``scale_input`` / ``xscaling`` is written out (a missing one is false to mlx-audio,
+    true to Transformers) and false, and only tokens are compared (not the text)."""
     ours = load(ckpts[name])
+    assert not np.array(ours.decoder.prediction["embed"].weight[ours.config.blank_id]).any()
     languages = [None, "de-DE"] if ours.has_prompt else [None]
     for i, n in enumerate([48333, 36960, 64320]):
         x = noise(n, 10 + i)
@@ -328,3 +333,47 @@ def test_make_checkpoint_cli(tmp_path, capsys):
     assert main(["make-checkpoint", str(out), "--model", "asr", "--force"]) == 0
     assert json.loads((out / "config.json").read_text())["model_type"] == "nemotron_asr"
     assert main(["make-checkpoint", str(tmp_path / "d"), "--layout", "transformers"]) == 2
+
+
+# --- Transformers' rules (tests/test_asr_transformers.py checks them against Transformers) --
+
+
+def test_transformers_config_defaults_are_its_class_defaults(ckpts):
+    """Keys a Transformers config leaves out take NemotronAsrStreamingEncoderConfig's and the
+    feature extractor's defaults (5.23), the vocabulary size and blank per model type."""
+    folder = ckpts["transformers"]
+    raw = json.loads((folder / "config.json").read_text())
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    for k in ("attention_bias", "convolution_bias", "scale_input", "sliding_window"):
+        raw["encoder_config"].pop(k)
+    raw["encoder_config"]["num_mel_bins"] = 80
+    mels80 = {"feature_extractor": {"feature_size": 80}}
+    c = ASRConfig.from_dict(raw, tokenizer=tok, processor=mels80)
+    assert c.encoder.use_bias and not c.zero_biases and c.encoder.xscaling
+    assert c.encoder.att_context_size == (70, 13) and c.preprocessor.features == 80
+    raw["encoder_config"]["attention_bias"] = False
+    c = ASRConfig.from_dict(raw, tokenizer=tok, processor=mels80)
+    assert c.encoder.use_bias and c.zero_biases == ("attention",)
+    with pytest.raises(Exception, match="feature_size 128 differs"):
+        ASRConfig.from_dict(raw, tokenizer=tok, processor={"feature_size": 128})
+
+
+def test_scale_input_multiplies_the_subsampled_frames(asr):
+    x = mx.array(noise(8 * 40 * 128, 4).reshape(1, -1, 128))
+    plain = asr.encoder.subsample(x)
+    asr.encoder.cfg.xscaling = True
+    try:
+        scaled = asr.encoder.subsample(x)
+    finally:
+        asr.encoder.cfg.xscaling = False
+    assert np.allclose(np.array(scaled), np.array(plain) * np.sqrt(asr.encoder.cfg.d_model))
+
+
+def test_text_is_the_metaspace_decoding():
+    """What Transformers' tokenizer decodes (seen in tests/test_asr_transformers.py)."""
+    from mlx_voicechat.runtime.asr_events import piece_text
+
+    vocab = ["<unk>", "\u2581", "<en-US>", "a", "b", "\u2581a", ","]
+    for ids, want in [([5, 4, 1], "ab "), ([2, 1, 5], " a"), ([3, 1, 6], "a ,"), ([0, 5], "a"),
+                      ([1, 6], ",")]:
+        assert piece_text(ids, vocab) == want, ids

@@ -15,6 +15,18 @@ def asr(tmp_path_factory):
     return load(make_recognizer_checkpoint(root / "m", "tiny", seed=3))
 
 
+@pytest.fixture(scope="module")
+def asr_scaled(tmp_path_factory):
+    """The same tiny recognizer with ``xscaling`` (Transformers' ``scale_input``) on."""
+    import json
+
+    path = make_recognizer_checkpoint(tmp_path_factory.mktemp("asr-scaled") / "m", "tiny", seed=3)
+    config = json.loads((path / "config.json").read_text())
+    config["encoder"]["xscaling"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    return load(path)
+
+
 def noise(n, seed=0):
     return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
 
@@ -134,12 +146,15 @@ def test_voicechat_checkpoint_transcribes_live(tiny):
         open_transcription(tiny, language="en-US")
 
 
-def test_compiled_chunk_step_equals_op_by_op(asr, monkeypatch):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_compiled_chunk_step_equals_op_by_op(asr, asr_scaled, monkeypatch, scaled):
     """A stream's whole chunks on a full left context run as one compiled call (subsampling,
-    layers, prompt and the joint's projection): the same values as op by op, the cache too,
-    and the same session events."""
+    its ``xscaling``, layers, prompt and the joint's projection): the same values as op by op,
+    the cache too, and the same session events."""
     import mlx.core as mx
 
+    asr = asr_scaled if scaled else asr
+    assert asr.encoder.cfg.xscaling == scaled
     mel = mx.array(noise(8 * 14 * 7 * 128, 5).reshape(1, -1, 128))
     prompt = mx.array([asr.resolve_prompt(None)[0]], dtype=mx.int32)
     outs, caches = {}, {}

@@ -306,11 +306,28 @@ def _processes():
     return out
 
 
+def _in_session(sid):
+    """The processes of session ``sid`` (a CLI started with ``start_new_session`` leads one,
+    and every process it starts stays in it unless it leaves: orphans too)."""
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.add(int(pid))
+    return out
+
+
 def _cluster_processes(driver_pid):
     """The processes of the Ray cluster a driver started: its daemons (their command lines name
-    the session folder, whose name ends in the driver's pid) and what they started."""
+    the session folder, whose name ends in the driver's pid), what they started, and the
+    processes of its session."""
     procs = _processes()
     ours = {p for p, (_, cmd) in procs.items() if f"_{driver_pid}/" in cmd}
+    ours |= _in_session(driver_pid) & set(procs)
     while True:
         more = {p for p, (ppid, _) in procs.items() if ppid in ours} - ours
         if not more:
@@ -527,6 +544,26 @@ def test_capacity_then_busy_1013_at_once(deployment):
     run(main())
 
 
+def test_every_replica_reports_the_series_through_rays_metrics(deployment, cluster):
+    """The replicas (both stepped frames in the tests above) record the server's series
+    through ``ray.util.metrics``, tagged with the replica: Ray's Prometheus export carries
+    them. A replica's own ``/metrics`` says where they are."""
+    status, body = get(deployment + "/metrics")
+    assert status == 404 and b"Ray's own metrics" in body
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in nodes]
+    deadline = time.monotonic() + 60  # (a worker hands its metrics to Ray every few seconds)
+    while True:
+        text = "".join(get(url)[1].decode() for url in urls)
+        replicas = set(re.findall(r'ray_voicechat_frames_total\{[^}]*replica="([^"]+)"', text))
+        if len(replicas) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert len(replicas) >= 2, [line for line in text.splitlines() if "voicechat" in line]
+    for series in ("frame_step_seconds_bucket", "conversations_opened_total", "batch_size_sum"):
+        assert f"ray_voicechat_{series}" in text, series
+
+
 def test_a_killed_replica_loses_only_its_sessions_and_comes_back(deployment, reference):
     x, want = reference
 
@@ -644,19 +681,94 @@ def test_a_replica_without_a_model_says_so_and_takes_no_sessions(from_yaml):
     assert start_serve("127.0.0.1", 1) is False  # Serve runs: its proxies stay as they are
 
 
+def _nothing_left(proc, ours, t0, within=10.0):
+    """No process of ``ours``, nor of the CLI's session, runs ``within`` s after ``t0``: a look
+    that starts later finds none (returns when the first look found none)."""
+    while True:
+        now = time.monotonic()
+        procs = _processes()
+        left = (ours & set(procs)) | (_in_session(proc.pid) & set(procs))
+        if not left:
+            return now - t0
+        where = {p: procs[p][1][:80] for p in left}
+        assert now < t0 + within, f"left running {now - t0:.1f} s after the signal: {where}"
+        print(f"{now - t0:.1f} s after the signal, still running: {where}", file=sys.stderr)
+        time.sleep(0.2)
+
+
 def test_cli_sigterm_stops_everything_it_started(cli, cluster):
-    """The last test: on SIGTERM ``serve --ray`` deletes its deployment, stops Serve and the
-    local cluster it started, and leaves no process of them running."""
+    """The last test on the module's cluster (one of whose replicas was killed and came back):
+    on SIGTERM ``serve --ray`` deletes its deployment, stops Serve and the local cluster it
+    started, and within 10 s no process of them runs, those Ray restarted included."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     assert any(n.startswith("SERVE_REPLICA::mlx-voicechat#") for n in names), names
     ours = cli["ours"] = _cluster_processes(cli["proc"].pid)
     assert len(ours) > 3, "the cluster's daemons, workers and replicas"
     ray.shutdown()  # this driver first: its cluster goes away
+    live = _LiveSession(cli["url"].replace("http", "ws") + "/v1/realtime")
+    assert live.created.wait(TIMEOUT), live.events
+    t0 = time.monotonic()
     rc = _stop_cli(cli["proc"], cli["out"], signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, "".join(cli["out"][-30:])
     assert any("mlx-voicechat serve: stopped" in line for line in cli["out"])
-    deadline = time.monotonic() + 15
-    while ours & set(_processes()):
-        left = {p: _processes().get(p) for p in ours & set(_processes())}
-        assert time.monotonic() < deadline, f"left running: {left}"
-        time.sleep(0.2)
+    took = _nothing_left(cli["proc"], ours, t0)
+    print(f"nothing left {took:.1f} s after SIGTERM", file=sys.stderr)
+    live.join(TIMEOUT)
+    # the session open at the stop was told, as a single server tells it
+    assert live.events[-1]["type"] == "error", live.events[-3:]
+    assert live.events[-1]["error"]["code"] == "server_shutting_down"
+    assert live.close_code == 1012
+
+
+class _LiveSession(threading.Thread):
+    """A conversation read on a thread of its own until its close."""
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.events, self.close_code = url, [], None
+        self.created = threading.Event()
+        self.start()
+
+    def run(self):
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.client import connect
+
+        try:
+            with connect(self.url, open_timeout=TIMEOUT) as ws:
+                while True:
+                    self.events.append(json.loads(ws.recv(3 * TIMEOUT)))
+                    self.created.set()
+        except ConnectionClosed as e:
+            self.close_code = e.rcvd.code if e.rcvd is not None else None
+        finally:
+            self.created.set()
+
+
+def test_cli_ctrl_c_leaves_nothing_behind(checkpoint):
+    """A fresh ``serve --ray`` (no replica killed) stopped as a terminal's Ctrl-C does it:
+    SIGINT to its whole process group, and again once it says it stops (an impatient user).
+    Exit 130 with its one line, no traceback, and within 10 s no process of it runs."""
+    port = _free_port()
+    proc, out = _start_cli("--model", str(checkpoint), "--ray", "--port", str(port))
+    ours = _cluster_processes(proc.pid)
+    try:
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        while not any("stopping" in line for line in out) and time.monotonic() < t0 + 10:
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("serve --ray did not stop:\n" + "".join(out[-30:]))
+        assert rc == 130, "".join(out[-30:])
+        time.sleep(0.5)  # (the reader thread takes the last lines)
+        assert out[-1].strip() == "mlx-voicechat serve: interrupted", "".join(out[-30:])
+        assert not any("Traceback" in line for line in out), "".join(out)
+        took = _nothing_left(proc, ours, t0)
+        print(f"nothing left {took:.1f} s after Ctrl-C", file=sys.stderr)
+    finally:
+        for pid in (ours | _in_session(proc.pid)) & set(_processes()):  # a failed stop's
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

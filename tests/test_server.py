@@ -847,7 +847,9 @@ def test_max_sessions_4_batches_four_stock_clients_each_as_alone(four_slots, wor
     widths = []
     real = SessionBatch.step
     monkeypatch.setattr(
-        SessionBatch, "step", lambda self: widths.append(sum(h.ready for h in self.sessions)) or real(self)
+        SessionBatch,
+        "step",
+        lambda self, *a, **k: widths.append(sum(h.ready for h in self.sessions)) or real(self, *a, **k),
     )
 
     async def together():

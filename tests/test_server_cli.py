@@ -1,4 +1,4 @@
-"""`mlx-voicechat serve` argument handling, without starting a server (uvicorn.run is replaced)."""
+"""`mlx-voicechat serve` argument handling, without starting a server (uvicorn is replaced)."""
 
 import argparse
 import sys
@@ -17,12 +17,16 @@ def parse(*argv):
 @pytest.fixture
 def started(monkeypatch):
     pytest.importorskip("fastapi")
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     import mlx_voicechat
 
     calls = {}
     monkeypatch.setattr(mlx_voicechat, "load", lambda path, tokenizer=None: f"model:{path}")
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    def serve_app(app, shutdown_timeout, **kw):  # instead of uvicorn
+        calls.update(app=app, shutdown_timeout=shutdown_timeout, **kw)
+        return 0
+
+    monkeypatch.setattr(serve, "_serve_app", serve_app)
     monkeypatch.delenv(serve.KEY_ENV, raising=False)
     return calls
 
@@ -34,6 +38,7 @@ def test_defaults_bind_loopback_without_a_warning(started, capsys):
     assert started["ws_max_size"] > (1 << 20)
     assert server.api_key is None and server.max_sessions == 1 and server.silence_feed
     assert server.model == "model:some/ckpt" and server.model_id == "ckpt"
+    assert started["shutdown_timeout"] == 10.0
     assert "warning" not in capsys.readouterr().err
 
 

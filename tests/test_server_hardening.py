@@ -509,13 +509,15 @@ def test_the_page_is_sent_with_security_headers(serve):
 
 @pytest.fixture
 def started(monkeypatch):
-    """`serve.run` with uvicorn.run replaced (the arguments it got are returned)."""
-    import uvicorn
-
+    """`serve.run` with uvicorn replaced (the arguments it got are returned)."""
     from mlx_voicechat.cli import serve as cli
 
     calls = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    def serve_app(app, shutdown_timeout, **kw):  # instead of uvicorn
+        calls.update(app=app, shutdown_timeout=shutdown_timeout, **kw)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve_app", serve_app)
     monkeypatch.delenv(cli.KEY_ENV, raising=False)
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     yield calls
@@ -572,6 +574,7 @@ def test_the_open_file_limits_survive_loading_the_model(started, monkeypatch):
         (("--max-connections", "0"), "--max-connections"),
         (("--header-timeout", "0"), "--header-timeout"),
         (("--keep-alive-timeout", "0"), "--keep-alive-timeout"),
+        (("--shutdown-timeout", "0"), "--shutdown-timeout"),
         (("--max-prompt-tokens", "0"), "--max-prompt-tokens"),
     ],
 )

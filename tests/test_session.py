@@ -145,8 +145,8 @@ def test_split_text_head_gives_the_same_frames(tiny_checkpoints, monkeypatch):
 
 def test_second_session_starts_from_the_first_ones_state(tiny, tiny_offline, monkeypatch):
     calls = []
-    real = framestate.start_state
-    monkeypatch.setattr(framestate, "start_state", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = framestate.chain_state
+    monkeypatch.setattr(framestate, "chain_state", lambda *a, **k: calls.append(1) or real(*a, **k))
     wave = _wave(1.3)
     for _ in range(2):
         s = tiny.session("Be brief.", seed=3)

@@ -106,6 +106,24 @@ def test_malformed_and_unfinished_calls_are_errors_and_the_session_goes_on(tiny)
     ]
 
 
+def test_two_sessions_never_share_a_call_id_and_the_seed_still_fixes_the_audio(tiny):
+    """Call ids come from a secure random source, not the session's seed: two sessions with
+    one seed (two servers started alike) name their first call differently, and still speak
+    the same audio."""
+    tok = tiny.tokenizer
+    call = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
+    runs = []
+    for _ in range(2):
+        s = tiny.session("Be brief.", tools=[WEATHER], seed=3)
+        events = s.feed(_wave(0.3)) + _force_call(s, _call_ids(tok, call)) + s.silence(3)
+        runs.append(events)
+    (a,), (b,) = ([c for e in evs for c in e.tool_calls] for evs in runs)
+    assert (a.name, a.arguments) == (b.name, b.arguments) == ("get_weather", '{"city":"Paris"}')
+    assert a.call_id != b.call_id
+    assert all(c.call_id.startswith("call_") and len(c.call_id) == 29 for c in (a, b))
+    for x, y in zip(*runs):
+        assert np.array_equal(x.audio, y.audio) and x.text_id == y.text_id
+
 class _ScriptedHead:
     """Stands in for the function head: frame k's logits put ``script[k]`` first (pad after
     the script), so generate's function channel is exactly the script."""
@@ -142,11 +160,12 @@ def test_generate_with_tools_returns_calls(tiny, monkeypatch):
     empty = "<TOOLCALL>[]</TOOLCALL>"
     script = [pad] * 2 + _call_ids(tok, call) + [pad] + _call_ids(tok, empty)
     out = _generate_scripted(tiny, monkeypatch, script, tools=[WEATHER])
-    # the session with the same seed names the same call the same
+    # the session with the same seed makes the same call (under an id of its own)
     s = tiny.session("Be brief.", tools=[WEATHER], seed=0)
     (want,) = [c for e in _force_call(s, _call_ids(tok, call)) for c in e.tool_calls]
     assert (want.name, want.arguments) == ("get_weather", '{"city":"Paris"}')
-    assert out.tool_calls == [want]
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [(want.name, want.arguments)]
+    assert out.tool_calls[0].call_id != want.call_id
     assert out.tool_errors == ["the model wrote a tool call with no calls in it: []"]
     plain = _generate_scripted(tiny, monkeypatch, script)
     assert plain.tool_calls == [] and plain.tool_errors == []  # no tools: not parsed
@@ -172,3 +191,4 @@ def test_cli_tools_file(tiny_checkpoints, tmp_path, capsys):
     bad.write_text(json.dumps([{"description": "no name"}]))
     assert main(args + ["--tools", str(bad)]) == 2
     assert "name" in capsys.readouterr().err
+

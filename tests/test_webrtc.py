@@ -162,6 +162,12 @@ def run(coro, timeout=2 * TIMEOUT):
 # --- a conversation -------------------------------------------------------------------------
 
 
+def _opened(served) -> float:
+    """The server's conversations-opened counter, read from its registry."""
+    registry = served.app.state.server.metrics.registry
+    return registry.get_sample_value("voicechat_conversations_opened_total") or 0.0
+
+
 def test_a_conversation_over_webrtc(served):
     """Speech on the track, transcripts and the response lifecycle on the data channel; the
     model's audio is not also sent as events; the call ends with the client's close."""
@@ -180,10 +186,12 @@ def test_a_conversation_over_webrtc(served):
         await c.pc.close()
         return c
 
+    opened = _opened(served)
     c = run(main())
     types = c.types()
     assert "session.updated" in types and "error" not in types, types
     assert "response.output_audio.delta" not in types
+    assert _opened(served) == opened + 1, "the call is not counted in /metrics"
     assert types.index("output_audio_buffer.started") < types.index("output_audio_buffer.stopped")
     assert types.index("response.created") < types.index("output_audio_buffer.started")
     heard = np.concatenate(c.heard)

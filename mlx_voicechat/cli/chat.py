@@ -4,6 +4,10 @@ The loop (:func:`chat_loop`) reads 80 ms blocks from an audio source, feeds them
 session, plays each event's speech on the sink and prints the words as they come. It knows the
 devices only through ``runtime.devices``' source / sink interface, so tests drive it with
 arrays. Ctrl-C ends the conversation cleanly.
+
+With ``--mcp FILE`` the MCP servers of FILE are started, their tools are the model's, and a
+call the model makes runs on the MCP client's own thread (``runtime.mcp``) while the loop goes
+on; each result is queued with ``add_tool_result`` between frames, when it arrives.
 """
 
 from __future__ import annotations
@@ -25,6 +29,21 @@ def add_parser(subparsers):
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
     p.add_argument(
+        "--mcp",
+        default=None,
+        metavar="FILE.json",
+        help='MCP servers whose tools the model may call and chat runs: {"mcpServers": {name: '
+        '{"command", "args", "env"} | {"url", "headers"}}} (needs the [mcp] extra)',
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long an MCP tool call may take before the model hears it timed out "
+        "(default 30)",
+    )
+    p.add_argument(
         "--input-device",
         default=None,
         help="microphone: PortAudio device index or name (default: the system's)",
@@ -44,11 +63,17 @@ def chat_loop(
     sink,
     on_events: Optional[Callable[[list], None]] = None,
     extra_decoding_seconds: float = 0.0,
+    tools=None,
+    on_outcome: Optional[Callable] = None,
 ) -> int:
     """Feed ``source`` to ``session`` block by block and write every event's audio to ``sink``
     until the source ends (then ``finish``) or the session reaches its cap. Returns the frames
     run. A KeyboardInterrupt passes through, between or inside frames, for the caller to end
-    the conversation."""
+    the conversation.
+
+    ``tools`` (a started ``runtime.mcp.MCPTools``) runs the calls the model makes to its
+    tools; each outcome is queued into the session before the next block and handed to
+    ``on_outcome``."""
     from ..runtime.devices import DeviceError
 
     if sink.sample_rate != session.output_sample_rate:
@@ -63,14 +88,65 @@ def chat_loop(
             sink.write(event.audio)
         if on_events is not None:
             on_events(events)
+        if tools is not None:
+            for event in events:
+                for call in event.tool_calls:
+                    if tools.owns(call.name):
+                        tools.submit(call)
 
     while session.finished is None:
+        if tools is not None:
+            inject_results(session, tools, on_outcome)
         samples = source.read(block)
         if samples is None:
             play(session.finish(extra_decoding_seconds))
             break
         play(session.feed(samples, sample_rate=source.sample_rate))
     return session.frames
+
+
+def inject_results(session, tools, on_outcome=None) -> list:
+    """Queue the outcomes of the calls that finished since the last look (an error as
+    ``{"error": message}``, so the model hears it); returns them."""
+    from ..runtime.tools import ToolError
+
+    done = tools.take_finished()
+    for outcome in done:
+        output = outcome.output if outcome.ok else {"error": outcome.output}
+        try:
+            session.add_tool_result(outcome.call_id, output)
+        except ToolError as e:  # e.g. the result has no tokens: said, and the talk goes on
+            outcome.error = outcome.output = f"the result could not be injected: {e}"
+        if on_outcome is not None:
+            on_outcome(outcome)
+    return done
+
+
+def print_outcome(printer, outcome) -> None:
+    """``[tool result] name -> text (0.12 s)`` or ``[tool error] name: message (30.00 s)``."""
+    text = outcome.output if len(outcome.output) <= 200 else outcome.output[:200] + "..."
+    if outcome.ok:
+        printer.line("tool result", f"{outcome.name} -> {text} ({outcome.seconds:.2f} s)")
+    else:
+        printer.line("tool error", f"{outcome.name}: {text} ({outcome.seconds:.2f} s)")
+
+
+def start_mcp(path, timeout: float, taken=()):
+    """The started MCP servers of ``--mcp FILE`` (stopped again if one fails to start)."""
+    from ..runtime.mcp import MCPTools, read_config
+
+    specs = read_config(path)
+    tools = MCPTools(specs, timeout=timeout)
+    try:
+        tools.start(taken=taken)
+    except BaseException:
+        tools.close()
+        raise
+    for spec in specs:
+        names = [n for n, (server, _) in tools.routes.items() if server == spec.name]
+        print(f"MCP server {spec.name} ({spec.where}): {', '.join(names) or 'no tools'}",
+              file=sys.stderr)
+    return tools
 
 
 def _device(name):
@@ -89,8 +165,28 @@ def run(args) -> int:
     from ..runtime.tools import read_tools_file
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
+    if args.mcp is not None:
+        from ..runtime.mcp import MCPError, read_config, require_sdk
+
+        require_sdk()
+        read_config(args.mcp)  # a bad file, too
+        if not args.tool_timeout > 0:
+            raise MCPError(f"--tool-timeout must be > 0 seconds, not {args.tool_timeout:g}")
     model = load(args.model, tokenizer=args.tokenizer)
-    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
+    mcp = None
+    if args.mcp is not None:
+        mcp = start_mcp(args.mcp, args.tool_timeout, taken=[t["name"] for t in tools])
+    try:
+        _converse(args, model, devices, mic_device, speaker_device, tools, mcp)
+    finally:
+        if mcp is not None:
+            mcp.close()  # Ctrl-C too: the servers it started stop
+    return 0
+
+
+def _converse(args, model, devices, mic_device, speaker_device, tools, mcp) -> None:
+    all_tools = list(tools) + (mcp.functions if mcp is not None else [])
+    session = model.session(args.system_prompt, seed=args.seed, tools=all_tools or None)
     printer = WordPrinter()
     mic = devices.open_microphone(mic_device, session.input_sample_rate)
     try:
@@ -100,7 +196,8 @@ def run(args) -> int:
         raise
     print(f"listening at {mic.sample_rate} Hz; speak, and Ctrl-C to end", file=sys.stderr)
     try:
-        chat_loop(session, mic, speaker, on_events=printer)
+        chat_loop(session, mic, speaker, on_events=printer, tools=mcp,
+                  on_outcome=lambda o: print_outcome(printer, o))
     except KeyboardInterrupt:
         pass
     finally:
@@ -110,4 +207,3 @@ def run(args) -> int:
         session.close()
     seconds = session.frames * model.config.frame_duration
     print(f"ended after {session.frames} frames ({seconds:.1f} s)", file=sys.stderr)
-    return 0

@@ -21,7 +21,8 @@ def add_parser(subparsers):
         help="serve the model over the OpenAI Realtime protocol (WebSocket)",
         description=(
             "Serve the model at ws://HOST:PORT/v1/realtime (OpenAI Realtime protocol, GA event "
-            "names), with a web page at http://HOST:PORT/."
+            "names), with a web page at http://HOST:PORT/ (wss:// and https:// with "
+            "--ssl-certfile)."
         ),
     )
     p.add_argument("--model", required=True, help="checkpoint folder or hub id")
@@ -93,6 +94,47 @@ def add_parser(subparsers):
         help="close an idle HTTP keep-alive connection after this long (uvicorn's "
         "timeout_keep_alive, default 5)",
     )
+    p.add_argument(
+        "--ssl-certfile",
+        default=None,
+        metavar="FILE",
+        help="serve TLS with this PEM certificate (chain): wss:// and https:// (with "
+        "--ssl-keyfile; docs/serving.md says how to make one)",
+    )
+    p.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        metavar="FILE",
+        help="the PEM private key of --ssl-certfile (may be in the certificate file itself)",
+    )
+    p.add_argument(
+        "--mcp-allow",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="URL prefix of MCP servers a client's mcp tools may name (repeatable; default none, "
+        "so no client makes the server connect anywhere; needs the [mcp] extra)",
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long an MCP tool call may take before it fails (default 30)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGINT / SIGTERM, end within this long: live conversations get an error "
+        "event and close 1012, the work in flight is dropped (default 10)",
+    )
+    p.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve GET /metrics without the API key (for a scraper on a private network)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -112,6 +154,30 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def check_tls(certfile, keyfile) -> bool:
+    """Whether TLS is asked for; a certificate and key that do not load are a one-line
+    error here, before the model loads (uvicorn would print a traceback after it)."""
+    if keyfile is not None and certfile is None:
+        raise ServeError("--ssl-keyfile needs --ssl-certfile (the certificate it belongs to)")
+    if certfile is None:
+        return False
+    import ssl
+
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ServeError(f"{flag} {path}: no such file")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        where = certfile if keyfile is None else f"{certfile} and {keyfile}"
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e)
+        raise ServeError(
+            f"--ssl-certfile/--ssl-keyfile: {where} do not load as a PEM certificate and its "
+            f"private key ({reason})"
+        ) from None
+    return True
+
+
 def run(args) -> int:
     from ..serve.limits import Limits, open_file_limits
     from . import serve_ray
@@ -122,7 +188,7 @@ def run(args) -> int:
     saved_limits = open_file_limits()
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise ServeError(
             f"serving needs FastAPI and uvicorn ({e.name} is missing): "
@@ -140,11 +206,26 @@ def run(args) -> int:
         raise ServeError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
     if args.max_connections < 1:
         raise ServeError(f"--max-connections must be at least 1, got {args.max_connections}")
-    for flag in ("header_timeout", "keep_alive_timeout"):
+    for flag in ("header_timeout", "keep_alive_timeout", "shutdown_timeout"):
         if not getattr(args, flag) > 0:
             name = "--" + flag.replace("_", "-")
             raise ServeError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
+    if not args.tool_timeout > 0:
+        raise ServeError(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
+    for prefix in args.mcp_allow:
+        if not prefix.startswith(("http://", "https://")) or "://" == prefix[-3:]:
+            raise ServeError(f"--mcp-allow takes an http:// or https:// URL prefix, not {prefix!r}")
+    if args.mcp_allow:
+        from ..runtime.mcp import require_sdk
+
+        require_sdk()  # a one-line error now rather than at a client's first mcp tool
     limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
+    tls = check_tls(args.ssl_certfile, args.ssl_keyfile)
+    if tls and args.ray:
+        raise ServeError(
+            "--ssl-certfile is not served through Ray's HTTP proxy (--ray); put a TLS proxy in "
+            "front of it"
+        )
     serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
@@ -176,6 +257,9 @@ def run(args) -> int:
         seed=args.seed,
         idle_timeout=args.idle_timeout or None,
         max_prompt_tokens=args.max_prompt_tokens,
+        mcp_allow=args.mcp_allow,
+        tool_timeout=args.tool_timeout,
+        metrics_public=args.metrics_public,
     )
     open_files = raise_open_file_limit(saved_limits, limits.files_needed)
     fitted = limits.fitted(open_files)
@@ -185,19 +269,66 @@ def run(args) -> int:
             f"enough for {fitted.max_connections} connections: --max-connections lowered to that",
             file=sys.stderr,
         )
+    ws, http = ("wss", "https") if tls else ("ws", "http")
     print(
-        f"mlx-voicechat serve: ws://{args.host}:{args.port}/v1/realtime "
-        f"(web page http://{args.host}:{args.port}/)",
+        f"mlx-voicechat serve: {ws}://{args.host}:{args.port}/v1/realtime "
+        f"(web page {http}://{args.host}:{args.port}/)",
         file=sys.stderr,
     )
-    uvicorn.run(
+    return _serve_app(
         app,
+        args.shutdown_timeout,
         host=args.host,
         port=args.port,
         ws_max_size=WS_MAX_SIZE,
         log_level=args.log_level,
         lifespan="on",
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
         **uvicorn_options(fitted),
     )
+
+
+def _serve_app(app, shutdown_timeout: float, **options) -> int:
+    """uvicorn serving ``app`` with ``options`` (uvicorn.Config's) until a signal, then the
+    shutdown of :func:`~mlx_voicechat.serve.app.graceful_server` and :func:`_exit`."""
+    import uvicorn
+
+    from ..serve.app import graceful_server
+
+    server = graceful_server(uvicorn.Config(app, **options), app.state.server, shutdown_timeout)
+    server.run()
+    # Its signal handlers stay to the process's end: a second Ctrl-C while the worker stops
+    # or the interpreter exits is noted, never a KeyboardInterrupt around a busy worker.
+    return _exit(server, app.state.server.worker)
+
+
+def _exit(server, worker) -> int:
+    """After uvicorn: stop the worker (what it runs is dropped) before the interpreter exits,
+    which would abort the process were the worker inside MLX; then exit as the signal asks
+    (KeyboardInterrupt or Terminated: 130 / 128 + signal and one line, as every verb)."""
+    import signal
+
+    from . import Terminated
+
+    stopped = worker.stop(server.time_left())
+    if not server.started and not server.signals:
+        raise ServeError("the server did not start (see the lines above)")
+    sig = server.signals[0] if server.signals else None
+    if not stopped:
+        # The worker is still inside one MLX call: no finalizing interpreter may meet it.
+        name = signal.Signals(sig).name if sig else "stopped"
+        print(
+            f"mlx-voicechat serve: {'terminated' if sig else 'stopped'} ({name}); the work in "
+            "flight was dropped at --shutdown-timeout",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + sig if sig else 1)
+    if sig == signal.SIGINT:
+        raise KeyboardInterrupt
+    if sig is not None:
+        raise Terminated(sig)
     return 0
 

@@ -3,11 +3,13 @@
 Joins the cluster at ``--ray-address`` (or starts a local one), deploys
 :func:`mlx_voicechat.serve.ray_app.realtime_app` with Ray's HTTP proxy on ``--host:--port``,
 and on Ctrl-C / SIGTERM deletes its deployment (and stops what it started: Serve where no other
-application is left, the local cluster).
+application is left, the local cluster, and every process of that cluster, also those Ray
+restarted after a replica died and those whose parent went first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -26,6 +28,8 @@ RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
 # Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
 SERVE_LOG_LEVELS = {"debug": "DEBUG", "info": "WARNING", "warning": "WARNING", "error": "ERROR"}
 READY_TIMEOUT = 30.0  # seconds for /health to answer once Ray says the replicas run
+LEFTOVER_GRACE = 2.0  # seconds the local cluster's processes get to end after ray.shutdown()
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans below this process become its children
 
 
 def add_arguments(p) -> None:
@@ -121,6 +125,8 @@ def run(args, key, model_id: str) -> int:
     from ..serve.ray_app import APP_NAME, realtime_app, start_serve
 
     local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
+    if local:
+        _adopt_orphans()
     started_serve = False
     deployed = False
     try:
@@ -163,6 +169,8 @@ def run(args, key, model_id: str) -> int:
             silence_feed=not args.no_silence_feed,
             max_lag_seconds=args.max_lag_seconds,
             seed=args.seed,
+            mcp_allow=list(args.mcp_allow),
+            tool_timeout=args.tool_timeout,
         )
         deployed = True
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -198,14 +206,94 @@ def _take_back_signals() -> None:
 def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> None:
     """Delete this deployment; stop Serve if this started it and nothing else runs on it, and
     the cluster if this started it."""
-    from ..serve.ray_app import APP_NAME
+    from ..serve.ray_app import APP_NAME, stop_sessions
 
+    _hold_signals()  # a second Ctrl-C must not cut the stop short (and leave the cluster up)
+    started = _descendants() if local else {}
     try:
         if deployed:
-            say("stopping: deleting the deployment (open sessions get a few seconds)")
+            say("stopping: the open sessions are told, then the deployment is deleted")
+            with contextlib.suppress(Exception):  # (a board gone: Ray's drain still runs)
+                stop_sessions()
             serve.delete(APP_NAME)
         if local or (started_serve and not serve.status().applications):
             serve.shutdown()
     finally:
         ray.shutdown()
+        if local:
+            started.update(_descendants())
+            ended = _end_processes(started, LEFTOVER_GRACE)
+            if ended:
+                say(f"ended {ended} process(es) of the local cluster that outlived it")
         say("stopped")
+
+
+def _hold_signals() -> None:
+    """From here on SIGINT, SIGTERM and SIGHUP are noted and ignored (the stop is bounded)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), lambda *_: None)
+
+
+def _adopt_orphans() -> None:
+    """Linux: this process becomes the reaper of its descendants' orphans, so a process of the
+    local cluster whose parent died first (a worker of a replica Ray restarted) is still found
+    below it at the end."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _descendants() -> dict:
+    """pid -> start time of every process below this one (Ray's psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            out[p.pid] = p.create_time()
+    return out
+
+
+def _end_processes(started: dict, grace: float) -> int:
+    """The processes of ``started`` (pid -> start time, so that a pid used again is never
+    touched) still running: SIGTERM, then SIGKILL after ``grace`` seconds; zombies below this
+    process reaped. Returns how many had to be ended."""
+    try:
+        import psutil
+    except ImportError:
+        return 0
+
+    def alive():
+        out = []
+        for pid, t in started.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == t and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    deadline = time.monotonic() + grace / 4
+    while alive() and time.monotonic() < deadline:  # they end by themselves, mostly
+        time.sleep(0.1)
+    left = alive()
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, still = psutil.wait_procs(left, timeout=grace / 2)
+    for p in still:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(still, timeout=1.0)
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:  # what was left to this process to reap
+            pass
+    return len(left)

@@ -33,6 +33,7 @@ MLX_AUDIO_TYPE = "nemotron_asr"
 TRANSFORMERS_TYPES = ("nemotron3_5_asr", "nemotron_asr_streaming")
 RECOGNIZER_TYPES = (MLX_AUDIO_TYPE,) + TRANSFORMERS_TYPES
 LAYOUTS = ("mlx-audio", "transformers")
+MEL_FILTERS_DTYPES = ("float32", "bfloat16", "float16")
 AUTO = "auto"  # the prompt key of automatic language detection
 NEMO_TARGET = "nemo.collections.asr.models.rnnt_bpe_models_prompt.EncDecRNNTBPEModelWithPrompt"
 
@@ -73,6 +74,13 @@ class ASRConfig:
     layout: str = "mlx-audio"
     quantization: Optional[Dict[str, Any]] = None
     model_path: Optional[str] = None
+    # The precision the front-end's Hann window and mel filterbank are rounded to before use
+    # (Transformers' ``mel_filters_dtype``); the spectrogram itself is float32.
+    mel_filters_dtype: str = "float32"
+    # Bias groups of the encoder's layers a Transformers config leaves out while the other is
+    # in ("attention": the attention and feed-forward projections, "convolution": the conv
+    # module): the network is built with biases and these are loaded as zeros.
+    zero_biases: Tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -101,6 +109,12 @@ class ASRConfig:
                 f"default prompt id {p.default_prompt_id} is outside the {p.num_prompts} prompts"
             )
         self.lookaheads = tuple(int(r) for r in self.lookaheads)
+        if self.mel_filters_dtype not in MEL_FILTERS_DTYPES:
+            raise ConfigError(
+                f"mel_filters_dtype {self.mel_filters_dtype!r} is not supported "
+                f"({', '.join(MEL_FILTERS_DTYPES)})"
+            )
+        self.zero_biases = tuple(self.zero_biases)
 
     # --- derived values ------------------------------------------------------------------
 
@@ -153,6 +167,9 @@ class ASRConfig:
         """mlx-audio's ``config.json`` for this model (what its converter writes)."""
         enc = self.encoder.to_dict()
         enc.pop("untie_biases", None)
+        preprocessor = self.preprocessor.to_dict()
+        if self.mel_filters_dtype != "float32":
+            preprocessor["mel_filters_dtype"] = self.mel_filters_dtype
         left = self.encoder.att_context_size[0]
         enc["att_context_size"] = [[left, r] for r in self.lookaheads]
         enc["conv_context_size"] = "causal"
@@ -165,7 +182,7 @@ class ASRConfig:
         d = {
             "model_type": MLX_AUDIO_TYPE,
             "target": NEMO_TARGET,
-            "preprocessor": self.preprocessor.to_dict(),
+            "preprocessor": preprocessor,
             "encoder": enc,
             "prompt": {
                 "num_prompts": prompt.num_prompts,
@@ -217,11 +234,13 @@ def mlx_audio_fields(d: Mapping[str, Any]) -> Dict[str, Any]:
     # mlx-audio's rule: the default language's index, else index 0.
     prompt["default_prompt_id"] = dictionary.get(language, 0)
     prompt["prompt_dictionary"] = dictionary
+    pre = dict(d.get("preprocessor") or {})
+    mel_filters_dtype = str(pre.pop("mel_filters_dtype", "float32"))
     vocab = d.get("vocabulary") or []
     if not isinstance(vocab, list) or not all(isinstance(p, str) for p in vocab):
         raise ConfigError("config.json vocabulary must be a list of strings")
     return dict(
-        preprocessor=PreprocessorConfig.from_dict(d.get("preprocessor")),
+        preprocessor=PreprocessorConfig.from_dict(pre),
         encoder=EncoderConfig.from_dict(enc),
         prompt=PromptConfig.from_dict(prompt),
         decoder=RNNTDecoderConfig.from_dict(d.get("decoder")),
@@ -233,6 +252,7 @@ def mlx_audio_fields(d: Mapping[str, Any]) -> Dict[str, Any]:
         layout="mlx-audio",
         quantization=d.get("quantization") or d.get("quantization_config"),
         model_path=d.get("model_path"),
+        mel_filters_dtype=mel_filters_dtype,
     )
 
 
@@ -290,14 +310,26 @@ def transformers_fields(
         raise ConfigError(
             f"encoder_config intermediate_size {inter} must be a multiple of hidden_size {hidden}"
         )
-    attention_bias = bool(enc.get("attention_bias", False))
-    if bool(enc.get("convolution_bias", attention_bias)) != attention_bias:
-        raise ConfigError(
-            "encoder_config attention_bias and convolution_bias must agree (one bias switch)"
-        )
+    # Transformers' class defaults for keys a config leaves out (NemotronAsrStreamingEncoderConfig,
+    # NemotronAsrStreamingFeatureExtractor, the processors): 5.23 writes every key, older
+    # versions or hand-edited folders need not.
+    attention_bias = bool(enc.get("attention_bias", True))
+    convolution_bias = bool(enc.get("convolution_bias", True))
+    zero_biases = tuple(
+        name
+        for name, on in (("attention", attention_bias), ("convolution", convolution_bias))
+        if not on and (attention_bias or convolution_bias)
+    )
     feature = dict(processor.get("feature_extractor") or processor)
     rate = int(feature.get("sampling_rate", 16000))
-    mels = int(enc.get("num_mel_bins", feature.get("feature_size", 128)))
+    mels = int(enc.get("num_mel_bins", 80))
+    features = int(feature.get("feature_size", 80))
+    if features != mels:
+        raise ConfigError(
+            f"processor_config.json feature_size {features} differs from encoder_config "
+            f"num_mel_bins {mels} (a key left out means Transformers' default, 80)"
+        )
+    mel_filters_dtype = str(feature.get("mel_filters_dtype", "float32"))
     pre = PreprocessorConfig(
         sample_rate=rate,
         features=mels,
@@ -307,13 +339,11 @@ def transformers_fields(
         preemph=float(feature.get("preemphasis", 0.97) or 0.0),
         pad_value=float(feature.get("padding_value", 0.0)),
     )
-    left = int(enc.get("sliding_window", 57)) - 1
-    # The processor's lookahead is what Transformers' pipeline passes to the model; the
-    # encoder's own default applies to a bare forward call.
-    default = int(
-        processor.get("default_num_lookahead_tokens", enc.get("default_num_lookahead_tokens", 13))
-    )
-    lookaheads = processor.get("supported_num_lookahead_tokens") or [default]
+    left = int(enc.get("sliding_window", 71)) - 1
+    # The processor's lookahead is what Transformers' pipeline passes to the model (its own
+    # default: the first supported one); the encoder's applies to a bare forward call.
+    lookaheads = processor.get("supported_num_lookahead_tokens") or [13, 6, 1, 0]
+    default = int(processor.get("default_num_lookahead_tokens", lookaheads[0]))
     encoder = EncoderConfig(
         feat_in=mels,
         n_layers=int(enc.get("num_hidden_layers", 24)),
@@ -325,11 +355,13 @@ def transformers_fields(
         conv_kernel_size=int(enc.get("conv_kernel_size", 9)),
         att_context_size=(left, default),
         pos_emb_max_len=int(enc.get("max_position_embeddings", 5000)),
-        use_bias=attention_bias,
-        xscaling=bool(enc.get("scale_input", False)),
+        use_bias=attention_bias or convolution_bias,
+        xscaling=bool(enc.get("scale_input", True)),
     )
-    vocab_size = int(d.get("vocab_size", 13088))
-    blank = int(d.get("blank_token_id", vocab_size - 1))
+    # Each model type's class defaults (NemotronAsrStreamingConfig: 1025 / 1024).
+    english = d["model_type"] == "nemotron_asr_streaming"
+    vocab_size = int(d.get("vocab_size", 1025 if english else 13088))
+    blank = int(d.get("blank_token_id", 1024 if english else 13087))
     if blank != vocab_size - 1:
         raise ConfigError(
             f"blank_token_id {blank} must be the joint's last output ({vocab_size - 1})"
@@ -366,6 +398,8 @@ def transformers_fields(
         layout="transformers",
         quantization=d.get("quantization") or d.get("quantization_config"),
         model_path=d.get("model_path"),
+        mel_filters_dtype=mel_filters_dtype,
+        zero_biases=zero_biases,
     )
 
 
@@ -380,8 +414,8 @@ def transformers_config(config: ASRConfig) -> Dict[str, Any]:
         "num_key_value_heads": enc.n_heads,
         "intermediate_size": enc.d_model * enc.ff_expansion_factor,
         "hidden_act": "silu",
-        "attention_bias": enc.use_bias,
-        "convolution_bias": enc.use_bias,
+        "attention_bias": enc.use_bias and "attention" not in config.zero_biases,
+        "convolution_bias": enc.use_bias and "convolution" not in config.zero_biases,
         "conv_kernel_size": enc.conv_kernel_size,
         "subsampling_factor": enc.subsampling_factor,
         "subsampling_conv_channels": enc.subsampling_conv_channels,
@@ -429,6 +463,7 @@ def transformers_config(config: ASRConfig) -> Dict[str, Any]:
             "win_length": pre.win_length,
             "preemphasis": pre.preemph,
             "padding_value": pre.pad_value,
+            "mel_filters_dtype": config.mel_filters_dtype,
         },
         "supported_num_lookahead_tokens": list(config.lookaheads),
         "default_num_lookahead_tokens": config.lookahead,

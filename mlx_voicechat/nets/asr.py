@@ -66,6 +66,33 @@ def _bands(fb: np.ndarray, group: int = MEL_GROUP):
     return out
 
 
+def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """Slaney-scale, Slaney-normalized triangular mel filters [n_fft // 2 + 1, n_mels] from
+    0 Hz to Nyquist, float32 as Transformers' feature extractor holds them: the triangles in
+    float64, rounded to float32, then scaled by each filter's ``2 / width`` (bit for bit its
+    ``mel_filter_bank``; mlx-audio's differs in the last bits, which decide a bfloat16
+    rounding now and then)."""
+    log_step = math.log(6.4) / 27.0
+
+    def to_mel(hz):
+        hz = np.asarray(hz, np.float64)
+        return np.where(
+            hz >= 1000.0, 15.0 + np.log(np.maximum(hz, 1.0) / 1000.0) / log_step, 3.0 * hz / 200.0
+        )
+
+    def to_hz(mel):
+        return np.where(mel >= 15.0, 1000.0 * np.exp(log_step * (mel - 15.0)), 200.0 * mel / 3.0)
+
+    fft = np.linspace(0, sample_rate // 2, n_fft // 2 + 1)
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(sample_rate / 2), n_mels + 2))
+    width = np.diff(edges)
+    slopes = edges[None, :] - fft[:, None]
+    down, up = -slopes[:, :-2] / width[:-1], slopes[:, 2:] / width[1:]
+    fb = np.maximum(0.0, np.minimum(down, up)).astype(np.float32)
+    fb *= (2.0 / (edges[2:] - edges[:-2]))[None, :]
+    return fb
+
+
 def check_edge(edge: str) -> str:
     if edge not in EDGES:
         raise ConfigError(f"edge must be one of {', '.join(EDGES)}, not {edge!r}")
@@ -74,11 +101,12 @@ def check_edge(edge: str) -> str:
 
 class MelFrontend:
     """NeMo's log-mel (zero-padded centred STFT, power, Slaney mel, natural log, no
-    normalization) on a Hann window and filterbank computed from the config with mlx-audio's
-    functions, as mlx-audio and Transformers compute them (the checkpoints carry neither)."""
+    normalization) on a Hann window (mlx-audio's) and filterbank (Transformers', see
+    :func:`slaney_mel_filters`) computed from the config (the checkpoints carry neither),
+    both rounded to ``mel_filters_dtype`` first as Transformers does."""
 
     def __init__(self, config: ASRConfig):
-        from mlx_audio.dsp import hanning, mel_filters
+        from mlx_audio.dsp import hanning
 
         pre = config.preprocessor
         if str(pre.normalize).upper() not in ("NA", "NONE"):
@@ -89,11 +117,11 @@ class MelFrontend:
             raise ConfigError(f"preprocessor.pad_to {pre.pad_to!r} is not supported (0 only)")
         self.cfg = pre
         self.n_fft, self.hop, self.preemph = pre.n_fft, pre.hop_length, pre.preemph
-        self.window = hanning(pre.win_length).astype(mx.float32)
-        fb = mel_filters(
-            pre.sample_rate, pre.n_fft, pre.features, norm="slaney", mel_scale="slaney"
-        )
-        self.fb = fb.astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
+        # Transformers' mel_filters_dtype: window and filterbank rounded to it, used in float32.
+        low = getattr(mx, config.mel_filters_dtype)
+        self.window = hanning(pre.win_length).astype(mx.float32).astype(low).astype(mx.float32)
+        fb = mx.array(slaney_mel_filters(pre.sample_rate, pre.n_fft, pre.features))
+        self.fb = fb.astype(low).astype(mx.float32)  # [n_fft // 2 + 1, n_mels]
         mx.eval(self.window, self.fb)
         self._bands = _bands(np.array(self.fb))
         self._banded = mx.compile(self._log_mel)
@@ -184,7 +212,13 @@ class RecognizerEncoder(FastConformer):
                 x = x * keep[:, :, None, None].astype(x.dtype)
                 stage += 1
         b, t, f, c = x.shape
-        return sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        x = sub.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
+        # NeMo's xscaling, Transformers' scale_input: the frames times sqrt(d_model).
+        return x * self.input_scale if self.cfg.xscaling else x
+
+    @property
+    def input_scale(self) -> float:
+        return math.sqrt(self.cfg.d_model)
 
     def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
         """``FastConformer.step``; with ``lengths`` [B], keys at or past a row's length are
@@ -335,9 +369,12 @@ class RecognizerNetwork(Versioned, nn.Module):
         return mx.compile(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
-        """The prediction of the start symbol (a zero input, NeMo's blank-as-pad) for
-        ``batch`` rows: (projected prediction [B, J], LSTM state (h, c) [layers, B, H])."""
-        out, (h, c) = self.decoder(None, None)
+        """The prediction of the start symbol for ``batch`` rows: (projected prediction [B, J],
+        LSTM state (h, c) [layers, B, H]). The start symbol is the blank, embedded, from a zero
+        state, as Transformers starts its decoder: the embedding's blank row is zero in weights
+        converted from NeMo (blank-as-pad, the same as a zero input), not in a model
+        fine-tuned with Transformers."""
+        out, (h, c) = self.decoder(mx.array([[self.config.blank_id]], dtype=mx.int32), None)
         pred = self.joint.project_prediction(out[:, -1])
         tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
         return tile(pred, 0), (tile(h, 1), tile(c, 1))

@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..nets.rnnt import LANGUAGE_TAG, decode_pieces
+from ..nets.rnnt import LANGUAGE_TAG
+from .asr_events import piece_text
 from .asr_greedy import GreedyDecoder
 from .audio import load_audio
 from .transcribe import TranscriptResult, TranscriptTimings, _ms
@@ -115,7 +116,7 @@ def transcribe(
     )
     out = []
     for clip, n, r in zip(clips, frames, rows):
-        text, _ = decode_pieces(r.tokens, vocab)
+        text = piece_text(r.tokens, vocab)
         res = RecognizerResult(
             text,
             list(r.tokens),

@@ -6,12 +6,12 @@ the recognizer's session (:mod:`.asr_session`) and a VoiceChat RNNT head's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from ..errors import VoiceChatError
-from ..nets.rnnt import LANGUAGE_TAG
+from ..nets.rnnt import LANGUAGE_TAG, SPECIAL_PIECES, WORD_BOUNDARY
 from .audioin import mono_float32
 from .textstream import TranscriptStream
 
@@ -33,6 +33,36 @@ class TranscriptEvent:
     remainder: bool = False  # (VoiceChat's FrameEvent field: always a frame of its own here)
 
 
+class PieceText:
+    """The recognizer's text, one id at a time, as Transformers decodes it (its tokenizer's
+    Metaspace decoder, SentencePiece's rule): special pieces and ``<xx-XX>`` tags dropped,
+    ``▁`` a space, and one ``▁`` taken off the front of the first piece kept; nothing else is
+    stripped (a trailing ``▁`` stays a space). The deltas add up to :func:`piece_text`."""
+
+    def __init__(self, vocabulary: Sequence[str]):
+        self.vocabulary = vocabulary
+        self._started = False
+
+    def add(self, token_id: int) -> str:
+        i = int(token_id)
+        if not 0 <= i < len(self.vocabulary):
+            return ""  # the blank and anything past the vocabulary
+        piece = self.vocabulary[i]
+        if piece in SPECIAL_PIECES or LANGUAGE_TAG.match(piece):
+            return ""
+        if not self._started:
+            self._started = True
+            if piece.startswith(WORD_BOUNDARY):
+                piece = piece[1:]
+        return piece.replace(WORD_BOUNDARY, " ")
+
+
+def piece_text(ids: Sequence[int], vocabulary: Sequence[str]) -> str:
+    """The text of recognizer ids (see :class:`PieceText`)."""
+    stream = PieceText(vocabulary)
+    return "".join(stream.add(i) for i in ids)
+
+
 def _mono_float32(samples) -> np.ndarray:
     return mono_float32(samples, TranscriptionError)
 
@@ -42,10 +72,12 @@ class TranscriptEvents:
     decoder has passed it, with its text delta and the language once known (the first
     ``<xx-XX>`` tag emitted, else the forced language)."""
 
-    def __init__(self, vocabulary, language: Optional[str] = None):
+    def __init__(self, vocabulary, language: Optional[str] = None, pieces: bool = False):
+        """``pieces``: the recognizer's text (:class:`PieceText`, Transformers' decoding);
+        otherwise the RNNT head's words (:class:`~.textstream.TranscriptStream`)."""
         self.vocabulary = vocabulary
         self.language = language
-        self._stream = TranscriptStream(vocabulary)
+        self._stream = PieceText(vocabulary) if pieces else TranscriptStream(vocabulary)
         self._held = {}  # tokens of frames not complete yet
         self._done = 0  # frames handed out
         self._tagged = False

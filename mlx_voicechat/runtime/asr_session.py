@@ -80,7 +80,7 @@ class TranscriptionSession:
         self._cache = self.model.encoder.make_cache()
         self._decoder.reset()
         self._prompt = mx.array([self.prompt_id], dtype=mx.int32)
-        self._events = TranscriptEvents(self.config.vocabulary, self.forced_language)
+        self._events = TranscriptEvents(self.config.vocabulary, self.forced_language, pieces=True)
         self.language = self.forced_language
         self.reads = 0
         self._finished = False

@@ -25,12 +25,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import SessionError
+from ..nets.caches import cache_arrays
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
-from .framestate import NO_ID, FrameState, open_live, open_state
+from .framestate import NO_ID, FrameState, grow_chain, open_live, open_state, state_ready
 from .live import ReadLayout, queue_frame, read
 from .request import check_extra_seconds, resolve
 from .state import memory_per_minute
+from .step import prefill
 from .threads import note_mlx_thread
 from .tools import ToolError, tool_result_ids
 
@@ -59,7 +61,13 @@ class SessionHandle:
 
     def _start(self) -> None:
         model = self.batch.model
-        self.state: Optional[FrameState] = open_live(model, open_state(model, self.request))
+        # A batch that takes prompts in slices does not grow the seed's prompt chain inside
+        # open: the conversation waits (prefilling) while prefill() grows it in slices.
+        self._opening = self.batch.join_rows is not None and not state_ready(model, self.request)
+        self._quiet = False  # a cancel while opening, for the state once it is made
+        self.state: Optional[FrameState] = None
+        if not self._opening:
+            self.state = open_live(model, open_state(model, self.request))
         self.audio.reset()
         self.book.reset()
         self.frames = 0  # frames handed out
@@ -72,7 +80,24 @@ class SessionHandle:
 
     @property
     def joined(self) -> bool:
-        return self.state is None
+        return self.state is None and not self._opening
+
+    @property
+    def opening(self) -> bool:
+        """Whether the conversation waits for the seed's prompt chain to grow to its prompt
+        (see ``_start``); :meth:`SessionBatch.prefill` grows it."""
+        return self._opening
+
+    def _open_some(self, steps: int) -> None:
+        """Grow the seed's prompt chain by up to ``steps`` steps toward this prompt's length;
+        once it is long enough, make the state."""
+        model = self.batch.model
+        grow_chain(model, self.request, steps)
+        if state_ready(model, self.request):
+            self.state = open_live(model, open_state(model, self.request))
+            self._opening = False
+            if self._quiet:
+                self.state.flags.cache[0] = mx.array([True])
 
     @property
     def closed(self) -> bool:
@@ -113,9 +138,28 @@ class SessionHandle:
         return memory_per_minute(self.batch.model)
 
     @property
+    def prefill_rows(self) -> int:
+        """Prompt rows not yet run through the LLM (they enter before or with the first
+        frame)."""
+        state = self.state
+        return 0 if state is None or state.prefix is None else int(state.prefix.shape[1])
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the prompt has more rows left than its first frame takes along (the batch's
+        ``join_rows``): :meth:`SessionBatch.prefill` runs them first."""
+        most = self.batch.join_rows
+        return most is not None and not self._closed and (self._opening or self.prefill_rows > most)
+
+    @property
     def ready(self) -> bool:
         """Whether a frame is ready to run."""
-        return not self._closed and self._finished is None and self.audio.mel.ready > 0
+        return (
+            not self._closed
+            and self._finished is None
+            and self.audio.mel.ready > 0
+            and not self.prefilling
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -206,15 +250,20 @@ class SessionHandle:
 class SessionBatch:
     """Live conversations of one model, stepped together (see the module docstring)."""
 
-    def __init__(self, model, max_sessions: int = 8):
+    def __init__(self, model, max_sessions: int = 8, join_rows: Optional[int] = None):
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, numbers.Integral) or max_sessions < 1:
             raise SessionError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         self.model = model
         self.max_sessions = int(max_sessions)
+        # None: a conversation's whole prompt is prefilled with its first frame (one call);
+        # a number: the first frame takes at most that many prompt rows along, and the rest
+        # go first through prefill() in slices (a server runs them between rounds).
+        self.join_rows = join_rows
         self.layout = ReadLayout(model)
         self._handles: List[SessionHandle] = []
         self._state: Optional[FrameState] = None  # the joined conversations' rows
         self._rows: List[SessionHandle] = []  # who each row is
+        self.last_rounds = 0  # rounds the last step ran
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -274,22 +323,58 @@ class SessionBatch:
                 self._state = None
 
     def _set_quiet(self, handle: SessionHandle) -> None:
+        if handle._opening:
+            handle._quiet = True
+            return
         state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
         quiet = mx.array(state.flags.cache[0])
         quiet[i] = True
         state.flags.cache[0] = quiet
 
+    # -- prompts in slices -------------------------------------------------------------------
+
+    @property
+    def prefilling(self) -> Optional[SessionHandle]:
+        """The conversation whose prompt :meth:`prefill` runs next (the first opened), if any
+        has more prompt rows left than its first frame takes along (``join_rows``)."""
+        return next((h for h in self._handles if h.prefilling), None)
+
+    def prefill(self, rows: int, steps: Optional[int] = None) -> int:
+        """Run ``rows`` more prompt rows of :attr:`prefilling`'s conversation through the LLM,
+        and wait for them; returns its rows left (0 with none prefilling). While the seed's
+        prompt chain is shorter than its prompt, this grows the chain by ``steps`` (default
+        ``rows``) speech steps instead (and makes its state when it is long enough)."""
+        note_mlx_thread()
+        h = self.prefilling
+        if h is None:
+            return 0
+        if h._opening:
+            h._open_some(rows if steps is None else steps)
+            return h.prefill_rows
+        rows = max(1, min(int(rows), h.prefill_rows - self.join_rows))
+        prefill(self.model, h.state, rows)
+        mx.eval([a for c in h.state.llm for a in cache_arrays(c)])
+        return h.prefill_rows
+
+    @property
+    def pending(self) -> bool:
+        """Whether a frame is ready or a prompt waits for its slices."""
+        return any(h.ready or h.prefilling for h in self._handles)
+
     # -- frames ----------------------------------------------------------------------------
 
-    def step(self) -> Dict[SessionHandle, List[FrameEvent]]:
-        """Run every ready frame, round by round; each conversation's events in order."""
+    def step(self, max_rounds: Optional[int] = None) -> Dict[SessionHandle, List[FrameEvent]]:
+        """Run every ready frame, round by round (at most ``max_rounds`` rounds: a server leaves
+        the rest for its next step); each conversation's events in order."""
         note_mlx_thread()
         events: Dict[SessionHandle, List[FrameEvent]] = {h: [] for h in self._handles}
         held = None  # the round queued last, not read yet
-        while True:
+        self.last_rounds = 0
+        while max_rounds is None or self.last_rounds < max_rounds:
             ready = [h for h in self._handles if h.ready]
             if not ready:
                 break
+            self.last_rounds += 1
             queued = self._queue_round(ready)
             if held is not None:
                 self._hand_out(held, events)

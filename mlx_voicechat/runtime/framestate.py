@@ -28,13 +28,16 @@ from mlx_lm.models.cache import ArraysCache
 
 from ..nets.caches import RowCaches, arrays_cache, cache_arrays, merge_rows, put_rows, take_rows
 from ..nets.version import Memo
-from ..noise import KeyNoise, NoiseSource, RowNoise
+from ..noise import NoiseSource, RowNoise
+from .promptchain import PromptChain
 from .request import Request
 from .threads import note_mlx_thread
 
 NO_ID = -1  # a forced-id flag that forces nothing
 _SNAPSHOTS_MAX = 4
+_CHAINS_MAX = 2  # prompt chains kept (seeds)
 _snapshot_lock = threading.Lock()
+PROMPT_STATES = {"hit": 0, "miss": 0}  # opens that found their post-prompt state kept, or not
 
 
 def _cache(required: bool = False):
@@ -220,9 +223,44 @@ def _embed(model, ids) -> mx.array:
     return model.stt_model.embed_tokens(mx.array(ids, dtype=mx.int32).reshape(1, -1))
 
 
+def prompt_chain(model, seed: int) -> PromptChain:
+    """The model's TTS chain over prompt positions for ``seed`` and its speaker (made on
+    first use, kept for the last few seeds)."""
+    note_mlx_thread()
+    cfg = model.config
+    memo = _memo(model, "_chains").get(OrderedDict)
+    key = (cfg.speaker, seed)
+    with _snapshot_lock:
+        chain = memo.get(key)
+        if chain is not None:
+            memo.move_to_end(key)
+            return chain
+    speech = model.tts_model
+    chain = PromptChain(
+        speech.tts_model, speech.audio_prompt_latents[cfg.speaker], warmup_codes(model),
+        speech.codec_silence_tokens, cfg.pad_token_id, seed,
+    )
+    with _snapshot_lock:
+        chain = memo.setdefault(key, chain)
+        while len(memo) > _CHAINS_MAX:
+            memo.popitem(last=False)
+    return chain
+
+
+def _prefix(model, prompt: Sequence[int]) -> Optional[mx.array]:
+    """The prompt's LLM rows ``[1, P, H]``: prompt ids on the audio channel, pad on the text
+    and function channels."""
+    if not prompt:
+        return None
+    cfg = model.config
+    pad_row = _embed(model, [cfg.pad_token_id])
+    return _embed(model, prompt) + pad_row + cfg.function_channel_weight * pad_row
+
+
 def start_state(model, request: Request, noise: NoiseSource, progress=None) -> FrameState:
     """A conversation's state after the TTS warm-up and its steps over the prompt positions
-    (``progress(done, total)`` after each of those steps), before any audio."""
+    (``progress(done, total)`` after each of those steps), before any audio: the steps run
+    here, one after the other, drawing from ``noise`` (a caller's own source)."""
     note_mlx_thread()
     cfg = model.config
     pad, prompt = cfg.pad_token_id, request.prompt_ids
@@ -230,18 +268,27 @@ def start_state(model, request: Request, noise: NoiseSource, progress=None) -> F
     tts = speech.tts_model
     latent = speech.audio_prompt_latents[cfg.speaker]
     previous, tts_cache = tts.warmup(latent, warmup_codes(model), tts.make_cache())
-    prefix = None
     if prompt:
-        w = cfg.function_channel_weight
-        pad_row = _embed(model, [pad])
-        # Prompt ids enter on the audio channel; the text and function channels hold pad.
-        prefix = _embed(model, prompt) + pad_row + w * pad_row
         silence = speech.codec_silence_tokens
         for i in range(1, len(prompt)):  # position 0 is never spoken
             previous, tts_cache = tts.step(pad, previous, tts_cache, noise, silence)
             mx.async_eval(previous)
             if progress is not None:
                 progress(i, len(prompt) - 1)
+    return _state(model, request, previous, tts_cache, noise)
+
+
+def chain_state(model, request: Request, progress=None) -> FrameState:
+    """:func:`start_state` for the seeded noise, its TTS part taken from the seed's
+    :class:`~.promptchain.PromptChain` (the same bits, without a step per prompt position)."""
+    previous, tts_cache, noise = prompt_chain(model, request.seed).state(
+        _chain_steps(request), progress
+    )
+    return _state(model, request, previous, tts_cache, noise)
+
+
+def _state(model, request: Request, previous, tts_cache, noise) -> FrameState:
+    pad = model.config.pad_token_id
     return FrameState(
         llm=model.stt_model.llm.make_cache(),
         tts=tts_cache,
@@ -252,15 +299,39 @@ def start_state(model, request: Request, noise: NoiseSource, progress=None) -> F
             mx.zeros((1,), dtype=mx.bool_), mx.full((1,), NO_ID, mx.int32), mx.full((1,), NO_ID, mx.int32)
         ),
         noise=RowNoise([noise]),
-        position=[len(prompt)],
-        prefix=prefix,
+        position=[len(request.prompt_ids)],
+        prefix=_prefix(model, request.prompt_ids),
         frames=[0],
     )
 
 
+def _chain_steps(request: Request) -> int:
+    return max(len(request.prompt_ids) - 1, 0)  # position 0 is never spoken
+
+
+def state_ready(model, request: Request) -> bool:
+    """Whether :func:`open_state` makes ``request``'s state without stepping the speech model
+    over prompt positions (its state is kept, or the seed's chain is long enough, or as long
+    as its memory bound lets it be). A caller's own noise source always steps."""
+    if request.noise is not None:
+        return False
+    memo = _memo(model, "_snapshots").get(OrderedDict)
+    if (tuple(request.prompt_ids), request.seed) in memo:
+        return True
+    chain = prompt_chain(model, request.seed)
+    return chain.steps >= min(_chain_steps(request), chain.max_steps)
+
+
+def grow_chain(model, request: Request, steps: int) -> None:
+    """Grow the seed's prompt chain by up to ``steps`` steps toward ``request``'s prompt."""
+    prompt_chain(model, request.seed).grow(_chain_steps(request), steps)
+
+
 def open_state(model, request: Request, progress=None) -> FrameState:
     """A conversation's state after its prompt. With the default (seeded) noise it depends
-    only on (weights, prompt, seed): it is kept, and later conversations start from a copy."""
+    only on (weights, prompt, seed): it is kept, and later conversations start from a copy;
+    a prompt not seen before takes its TTS state from the seed's prompt chain. A caller's own
+    noise source steps the TTS over the prompt (its draws are not the seed's)."""
     if request.noise is not None:
         return start_state(model, request, request.noise, progress)
     memo = _memo(model, "_snapshots").get(OrderedDict)
@@ -269,8 +340,9 @@ def open_state(model, request: Request, progress=None) -> FrameState:
         snap = memo.get(key)
         if snap is not None:
             memo.move_to_end(key)
+        PROMPT_STATES["hit" if snap is not None else "miss"] += 1
     if snap is None:
-        snap = start_state(model, request, KeyNoise(request.seed), progress)
+        snap = chain_state(model, request, progress)
         mx.eval(snap.arrays())
         with _snapshot_lock:
             memo[key] = snap

@@ -150,7 +150,7 @@ def resolve(
         ids, normalized, parser = check_prompt_ids(model, prompt), [], None
     else:
         text = resolve_system_prompt(system_prompt)
-        text, normalized, parser = prepare_tools(model, text, tools, seed if noise is None else 0)
+        text, normalized, parser = prepare_tools(model, text, tools)
         ids = prompt_ids(model, text)
     context = cfg.text_args.max_position_embeddings
     room = context - len(ids)

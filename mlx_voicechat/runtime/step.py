@@ -59,6 +59,17 @@ def step(model, state: FrameState, rows: mx.array, *, split_head: bool = False) 
     return StepOut(ids, codes)
 
 
+def prefill(model, state: FrameState, rows: int) -> None:
+    """Run the first ``rows`` of a fresh conversation's prompt rows through the LLM now; the
+    rest enter with its first frame (a server takes a long prompt in slices between rounds, so
+    the other conversations wait for a slice, not the whole prompt). Leaves it queued."""
+    if state.prefix is None or state.rows != 1:
+        raise ValueError("only a single conversation before its first frame has prompt rows")
+    head, rest = state.prefix[:, :rows], state.prefix[:, rows:]
+    model.stt_model.llm(head, state.llm)
+    state.prefix = rest if rest.shape[1] else None
+
+
 def _think(model, state: FrameState, rows: mx.array, split_head: bool):
     cfg = model.config
     stt = model.stt_model

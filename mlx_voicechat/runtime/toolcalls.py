@@ -10,7 +10,7 @@ format).
 from __future__ import annotations
 
 import json
-import random
+import secrets
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
@@ -162,8 +162,10 @@ class ToolCallParser:
 
     Ids between the start and end markers are collected (``pad_ids`` skipped) and decoded
     once, at the end marker, so a frame costs O(1) until then. ``decode(ids) -> str`` must skip
-    special tokens. Call ids come from a private ``random.Random(seed)``. ``tool_names``, when
-    given, makes a call of any other name an error.
+    special tokens. Call ids come from the operating system's secure random source
+    (:func:`secrets.token_hex`), never from a seed: two sessions, or two servers started with one
+    seed, never name a call alike (the ids go to the client only, so the audio a seed fixes does
+    not depend on them). ``tool_names``, when given, makes a call of any other name an error.
     """
 
     def __init__(
@@ -172,7 +174,6 @@ class ToolCallParser:
         decode: Callable[[List[int]], str],
         pad_ids: Iterable[int] = (),
         *,
-        seed: int = 0,
         tool_names: Optional[Iterable[str]] = None,
         max_call_tokens: int = MAX_CALL_TOKENS,
     ):
@@ -181,7 +182,6 @@ class ToolCallParser:
         self.pad_ids: FrozenSet[int] = frozenset(int(i) for i in pad_ids)
         self.tool_names = None if tool_names is None else frozenset(tool_names)
         self.max_call_tokens = int(max_call_tokens)
-        self._rng = random.Random(seed)
         self._ids: Optional[List[int]] = None  # None: outside a call
 
     @property
@@ -246,4 +246,4 @@ class ToolCallParser:
         return calls, errors
 
     def new_call_id(self) -> str:
-        return f"call_{self._rng.getrandbits(96):024x}"
+        return f"call_{secrets.token_hex(12)}"

@@ -220,7 +220,7 @@ class ToolResultQueue:
         self._expected.clear()
 
 
-def prepare_tools(model, system_prompt: Optional[str], tools, seed: int = 0):
+def prepare_tools(model, system_prompt: Optional[str], tools):
     """For a conversation with ``tools``: (the system prompt text with the tools rendered in,
     the normalized tools, a ``ToolCallParser`` for the function channel). Without tools:
     (system_prompt, [], None)."""
@@ -234,7 +234,6 @@ def prepare_tools(model, system_prompt: Optional[str], tools, seed: int = 0):
         markers,
         lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         pad_ids=(cfg.pad_token_id, cfg.silence_token_id),
-        seed=seed,
         tool_names=[t["name"] for t in normalized],
     )
     return render_system_prompt(system_prompt, normalized), normalized, parser

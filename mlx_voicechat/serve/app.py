@@ -1,5 +1,7 @@
-"""The Realtime server's FastAPI app: WebSocket ``/v1/realtime``, ``/health``, ``/v1/models``
-and the web page; :class:`ServerThread` serves it on a background thread (tests, benchmarks).
+"""The Realtime server's FastAPI app: WebSocket ``/v1/realtime``, ``/health``, ``/metrics``,
+``/v1/models`` and the web page; :class:`ServerThread` serves it on a background thread (tests,
+benchmarks), :class:`GracefulServer` is the uvicorn server ``serve`` runs it with (a signal
+ends every conversation with an error event and close 1012, within ``--shutdown-timeout``).
 
 Sockets live on the asyncio loop, every MLX call on the process's one worker thread
 (:mod:`.worker`); each connection is a :class:`~.connection.Conversation`.
@@ -8,6 +10,7 @@ Sockets live on the asyncio loop, every MLX call on the process's one worker thr
 import asyncio
 import contextlib
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -15,9 +18,10 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
+from .mcp_tools import McpPolicy
 from .protocol import Realtime
 from .secrets import PresetSocket, SecretRefused, bearer_secret, refusal
-from .server import MAX_PROMPT_TOKENS, Server
+from .server import CLOSE_RESTART, MAX_PROMPT_TOKENS, SHUTDOWN_CODE, Server
 from .transcription_connection import serve_connection, warm_up
 from .webrtc import ICE_TIMEOUT, close_calls, install as install_webrtc
 from .worker import Worker
@@ -66,6 +70,11 @@ def create_app(
     vendor: Optional[dict] = None,
     health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
     ice_timeout: float = ICE_TIMEOUT,
+    mcp_allow: Iterable[str] = (),
+    tool_timeout: float = 30.0,
+    metrics: Optional[str] = "prometheus",
+    metrics_public: bool = False,
+    metric_tags: Optional[dict] = None,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
     ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
@@ -84,10 +93,17 @@ def create_app(
     takes, in tokens; longer instructions are refused by their length before any tokenizing.
     ``vendor``: fields of the vendor object ``x-voicechat`` in ``session.created`` (e.g. which
     replica serves it). ``health_extra``: an async function whose dict is added to
-    ``/health``'s. ``ice_timeout``: seconds a WebRTC call (``POST /v1/realtime/calls``)
-    waits for its connection before it is closed."""
+    ``/health``'s. ``mcp_allow``: URL prefixes of the MCP servers a client's ``mcp`` tools may
+    name (none by default: no ``mcp`` tool is accepted); ``tool_timeout``: seconds an MCP call
+    (and a server's start) may take. ``metrics``: where the series of :mod:`.metrics` go:
+    ``"prometheus"`` (``GET /metrics``), ``"ray"`` (Ray's metrics; ``/metrics`` answers 404) or
+    None.
+    ``metrics_public``: ``/metrics`` without the key (by default it asks for ``api_key``).
+    ``metric_tags``: with Ray's metrics, tags of every series (e.g. the replica).
+    ``ice_timeout``: seconds a WebRTC call (``POST /v1/realtime/calls``) waits for its
+    connection before it is closed."""
     from fastapi import FastAPI, Request, WebSocket
-    from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+    from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
     server = Server(
         model,
@@ -108,8 +124,11 @@ def create_app(
         worker=worker,
         idle_timeout=idle_timeout,
         max_prompt_tokens=max_prompt_tokens,
+        metrics=metrics,
+        metric_tags=metric_tags,
     )
     server.vendor = dict(vendor or {})
+    server.mcp = McpPolicy(tuple(mcp_allow), float(tool_timeout))
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
     @contextlib.asynccontextmanager
@@ -127,8 +146,9 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        status = "stopping" if server.shutting_down else "ok" if server.ready else "starting"
         body = {
-            "status": "ok" if server.ready else "starting",
+            "status": status,
             "model": server.model_id,
             "sessions": server.active,
             "max_sessions": server.max_sessions,
@@ -136,21 +156,40 @@ def create_app(
         }
         if health_extra is not None:
             body.update(await health_extra())
+        if server.shutting_down:  # a load balancer sends no one here any more
+            return JSONResponse(body, status_code=503)
         return body
+
+    def unauthorized():
+        return JSONResponse(
+            {
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                    "message": "missing or wrong API key",
+                }
+            },
+            status_code=401,
+        )
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request):
+        if server.metrics.registry is None:
+            where = (
+                "Ray's own metrics export (the series of every replica)"
+                if server.metrics.backend == "ray"
+                else "nowhere (prometheus_client is not installed)"
+            )
+            return PlainTextResponse(f"this server's metrics go to {where}", status_code=404)
+        if not metrics_public and not server.authorized(request.headers, []):
+            return unauthorized()
+        body, content_type = server.metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
     async def models(request: Request):
         if not server.authorized(request.headers, []):
-            return JSONResponse(
-                {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "invalid_api_key",
-                        "message": "missing or wrong API key",
-                    }
-                },
-                status_code=401,
-            )
+            return unauthorized()
         return {
             "object": "list",
             "data": [
@@ -195,28 +234,41 @@ def create_app(
     async def realtime(websocket: WebSocket):
         subprotocols = list(websocket.scope.get("subprotocols") or [])
         if not server.origin_allowed(websocket.headers, websocket.scope.get("server")):
+            server.metrics.refused("origin")
             await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
             return
         secret = bearer_secret(websocket.headers, subprotocols)  # a client secret, ek_...
         if secret is None and not server.authorized(websocket.headers, subprotocols):
+            server.metrics.refused("unauthorized")
             await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
+        if server.shutting_down:
+            server.metrics.refused("shutting_down")
+            await _refuse(
+                websocket,
+                server,
+                SHUTDOWN_CODE,
+                "the server is shutting down; try again later",
+                CLOSE_RESTART,
+                "server shutting down",
+            )
+            return
         # A client's close completes before the server has seen its connection end: one that
         # reconnects at once waits that long for the slot it just gave up, no longer.
         deadline = time.monotonic() + ADMISSION_GRACE_SECONDS
         while server.active >= server.max_sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if server.active >= server.max_sessions:
-            conversation = Realtime(server.model_id)
-            busy = conversation.error(
+            server.metrics.refused("server_busy")
+            await _refuse(
+                websocket,
+                server,
                 "server_busy",
                 f"all {server.max_sessions} session(s) of this server are in use; try again later",
-                type_="server_error",
+                CLOSE_TRY_AGAIN,
+                "server busy",
             )
-            with contextlib.suppress(Exception):
-                await websocket.send_text(json.dumps(busy))
-                await websocket.close(code=CLOSE_TRY_AGAIN, reason="server busy")
             return
         if secret is not None:  # used up only by a connection that gets a slot
             try:
@@ -228,9 +280,19 @@ def create_app(
                     await websocket.close(code=CLOSE_POLICY, reason=str(e)[:120])
                 return
         server.active += 1
+        server.metrics.opened()
         await serve_connection(server, websocket)  # duplex, or a transcription session
 
     return app
+
+
+async def _refuse(websocket, server, code: str, message: str, close: int, reason: str) -> None:
+    """An ``error`` event, then the close: the answer to a connection that gets no session."""
+    event = Realtime(server.model_id).error(code, message, type_="server_error")
+    server.metrics.error_sent(code)
+    with contextlib.suppress(Exception):
+        await websocket.send_text(json.dumps(event))
+        await websocket.close(code=close, reason=reason)
 
 
 class _PageHeaders:
@@ -262,6 +324,8 @@ class ServerThread:
         port: int = 0,
         log_level: str = "warning",
         limits: Optional[Limits] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
     ):
         import socket
 
@@ -273,12 +337,15 @@ class ServerThread:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
+        self.scheme = "https" if ssl_certfile else "http"
         config = uvicorn.Config(
             app,
             log_level=log_level,
             ws_max_size=WS_MAX_SIZE,
             lifespan="on",
             ws_ping_interval=None,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
             **uvicorn_options(limits or Limits()),
         )
         self.server = uvicorn.Server(config)
@@ -302,4 +369,76 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+SHUTDOWN_TIMEOUT = 10.0  # seconds from a signal to the process's end, at most (--shutdown-timeout)
+DRAIN_SECONDS = 2.0  # of those, the most the conversations get to take their error and close
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def graceful_server(config, server: Server, shutdown_timeout: float = SHUTDOWN_TIMEOUT):
+    """A uvicorn server whose shutdown (on SIGINT, SIGTERM or SIGHUP, the same) first tells
+    every live conversation (``error`` ``server_shutting_down``, close 1012) and refuses new
+    ones, then lets uvicorn close the rest, all within ``shutdown_timeout`` seconds of the
+    signal. The signals are not raised again at the end (uvicorn's own does), and its
+    handlers stay (they only note a signal) until ``restore_signals()``: the caller stops the
+    worker (:meth:`.worker.Worker.stop` with ``time_left()``) and exits as the signal asks;
+    ``signals`` lists those that came."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        def __init__(self):
+            super().__init__(config)
+            self.signals: list = []
+            self.deadline: Optional[float] = None
+            self._old: dict = {}  # the signal handlers before run()
+
+        def time_left(self) -> float:
+            if self.deadline is None:
+                return shutdown_timeout
+            return max(0.0, self.deadline - time.monotonic())
+
+        def run(self, sockets=None) -> None:
+            if threading.current_thread() is threading.main_thread():  # (before asyncio's)
+                self._old = {n: signal.getsignal(n) for n in self._signal_numbers()}
+            super().run(sockets)
+
+        @staticmethod
+        def _signal_numbers() -> list:
+            return [getattr(signal, n) for n in SIGNALS if hasattr(signal, n)]
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # The handlers stay after uvicorn's end, until restore_signals(): the worker is
+            # stopped under them, and a signal meanwhile only hurries the stop along.
+            if threading.current_thread() is threading.main_thread():
+                for n in self._signal_numbers():
+                    signal.signal(n, self.handle_exit)
+            yield
+
+        def restore_signals(self) -> None:
+            """Put back the signal handlers :meth:`run` found."""
+            for n, handler in self._old.items():
+                signal.signal(n, handler)
+            self._old = {}
+
+        def handle_exit(self, sig, frame) -> None:
+            self.signals.append(sig)
+            if self.deadline is None:
+                self.deadline = time.monotonic() + shutdown_timeout
+            if self.should_exit:
+                self.force_exit = True  # a second signal: no more waiting for connections
+            self.should_exit = True
+
+        async def shutdown(self, sockets=None) -> None:
+            if self.deadline is None:
+                self.deadline = time.monotonic() + shutdown_timeout
+            server.begin_shutdown()
+            if not self.force_exit:
+                await server.drained(min(DRAIN_SECONDS, self.time_left() / 2))
+            # uvicorn's own: stop listening, close what is left (1012), the lifespan's end
+            self.config.timeout_graceful_shutdown = max(0.1, self.time_left() / 2)
+            await super().shutdown(sockets)
+
+    return GracefulServer()

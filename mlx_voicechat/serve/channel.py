@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from typing import List, Optional
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
+HANDED_OVER = "handed_over"  # ended_by of a run whose connection goes on in another kind
+STOP_REASONS = {CLOSE_POLICY: "slow_client", 1011: "internal_error"}  # stop()'s close reasons
 _CLOSE = object()  # in the send queue: close the connection after the events before it
 log = logging.getLogger("mlx_voicechat.serve")
 
@@ -61,6 +64,9 @@ class Channel:
         self.close_code = 1000
         self.close_reason = ""
         self.closing: Optional[tuple] = None  # (close code, reason) once fail() was called
+        self.ended_by: Optional[str] = None  # why it ended (the metrics' close reason)
+        self.t0: Optional[float] = None  # when the first audio arrived (set by the subclass)
+        self.first_audio_sent = False
         self.session = None
 
     # -- plumbing --
@@ -82,6 +88,7 @@ class Channel:
         """End the connection now (the tasks are cancelled, the slot is freed)."""
         if not self.stopped.is_set():
             self.close_code, self.close_reason = code, reason
+            self.ended_by = self.ended_by or STOP_REASONS.get(code, f"close_{code}")
             self.stopped.set()
 
     def fail(self, code: str, message: str, close: int, param: Optional[str] = None) -> None:
@@ -90,6 +97,7 @@ class Channel:
         if self.closing is not None:
             return
         self.closing = (close, message[:120])
+        self.ended_by = self.ended_by or code
         self.drop_work()
         self.wake.set()
         try:
@@ -121,6 +129,7 @@ class Channel:
         raise NotImplementedError
 
     async def run(self) -> None:
+        self.server.channels.add(self)
         tasks = [asyncio.create_task(c) for c in self.tasks()]
         stop = asyncio.create_task(self.stopped.wait())
         try:
@@ -134,6 +143,9 @@ class Channel:
                 t.cancel()
             await asyncio.gather(*tasks, stop, return_exceptions=True)
             self.free()
+            self.server.channels.discard(self)
+            if self.ended_by != HANDED_OVER:
+                self.server.metrics.closed(self.ended_by or "client_closed")
             if self.stopped.is_set():
                 # A client that does not read cannot take a close frame either: bounded wait.
                 with contextlib.suppress(Exception):
@@ -164,6 +176,7 @@ class Channel:
             if event is _CLOSE:
                 self.stop(*self.closing)
                 return
+            self._sent(event)
             try:
                 try:
                     await self.ws.send_text(json.dumps(event, ensure_ascii=False))
@@ -172,3 +185,16 @@ class Channel:
                     await self.ws.send_text(json.dumps(event))
             except Exception:  # the client has gone: the reader sees the disconnect too
                 return
+
+    def _sent(self, event: dict) -> None:
+        """Count what the metrics count of the events sent: errors by code, tool calls, the
+        first audio."""
+        kind, metrics = event.get("type"), self.server.metrics
+        if kind == "error":
+            metrics.error_sent((event.get("error") or {}).get("code"))
+        elif kind == "response.function_call_arguments.done":
+            metrics.tool_call("called")
+        elif kind == "response.output_audio.delta" and not self.first_audio_sent:
+            self.first_audio_sent = True
+            if self.t0 is not None:
+                metrics.first_audio(time.monotonic() - self.t0)

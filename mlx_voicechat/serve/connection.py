@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .mcp_tools import McpRunner
 from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
 from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
     FRAME_SECONDS,
@@ -27,6 +28,7 @@ from .server import (  # noqa: F401  (Server and the constants: re-exported, imp
     SAMPLES_PER_FRAME,
     Server,
 )
+from .speech import SpeechEvents
 
 EXTENSIONS_PARAM = "x-voicechat"  # ?x-voicechat=1: the client wants the x-voicechat.* events
 CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
@@ -44,8 +46,10 @@ class Conversation(Channel):
                 server.model_id,
                 max_instructions_chars=server.max_instructions_chars,
                 extensions=wants_extensions(websocket),
+                mcp=getattr(server, "mcp", None),
             ),
         )
+        self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
@@ -58,6 +62,7 @@ class Conversation(Channel):
         self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
+        self.speech = SpeechEvents(self.protocol)  # speech_started / _stopped as audio arrives
         self.started = asyncio.Event()
 
     # -- plumbing --
@@ -94,6 +99,7 @@ class Conversation(Channel):
             self.inbox.append(c)
             self.started.set()
         elif isinstance(c, Append):
+            self.send(self.speech.push(c.samples, self.position))
             self.position += c.samples.size
             if not c.silence:
                 self.client_seconds += c.samples.size / MODEL_INPUT_RATE
@@ -136,6 +142,7 @@ class Conversation(Channel):
     def free(self) -> None:
         """Give the slot back now; the session is closed on the worker after its current job."""
         super().free()
+        self.mcp.close()
 
         def close():
             if self.session is not None:
@@ -280,8 +287,10 @@ class Conversation(Channel):
         try:
             frames = await self.server.worker.run(self.session.add_tool_result, c.call_id, c.output)
         except ToolError as e:
+            self.server.metrics.tool_call("refused")
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
+        self.server.metrics.tool_call("answered")
         self.send(self.protocol.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
@@ -325,6 +334,7 @@ class Conversation(Channel):
         them (with every other conversation's frames that are in)."""
         events, seconds = await self.server.stepper.feed(self.session, samples)
         self.consumed += samples.size
+        self.server.metrics.lag(self.lag_seconds)
         self.send(self.protocol.frames(events))
         self._stats["frames"] += len(events)
         self._stats["seconds"] += seconds

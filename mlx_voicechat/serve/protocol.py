@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
+from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
 from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)
     DEFAULT_RATE,
@@ -73,8 +74,10 @@ class Realtime(Responses, EventSource):
         voice: str = "Aria",
         max_instructions_chars: Optional[int] = None,
         extensions: bool = False,
+        mcp: Optional[McpPolicy] = None,
     ):
         super().__init__()
+        self.mcp = McpTools(self, mcp)  # the session's mcp tools (serve/mcp_tools.py)
         self.extensions = extensions  # x-voicechat.* events for a client that asked for them
         self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
@@ -89,6 +92,7 @@ class Realtime(Responses, EventSource):
         self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
         self.transcription = True
+        self.turn_detection: Optional[dict] = None  # None: no speech events (serve/speech.py)
         self.started = False  # the first audio arrived: the session is immutable from here on
         self.frames_seen = 0
         self.responses_done = 0
@@ -110,6 +114,11 @@ class Realtime(Responses, EventSource):
     # -- helpers --
 
     @property
+    def session_tools(self) -> tuple:
+        """The model's tools: the session's function tools, then its MCP servers' tools."""
+        return tuple(self.tools) + tuple(self.mcp.functions)
+
+    @property
     def prompt(self) -> Optional[str]:
         """The instructions the model is given: the session's, then each system or developer
         text message in the order they came (None: the model's default prompt)."""
@@ -129,7 +138,7 @@ class Realtime(Responses, EventSource):
                 "input": {
                     "format": {"type": "audio/pcm", "rate": self.input_rate},
                     "transcription": {"model": "rnnt"} if self.transcription else None,
-                    "turn_detection": None,  # the model takes turns itself
+                    "turn_detection": self.turn_detection,  # the speech events, if any
                     "noise_reduction": None,
                 },
                 "output": {
@@ -138,7 +147,7 @@ class Realtime(Responses, EventSource):
                     "speed": 1.0,
                 },
             },
-            "tools": [dict(t, type="function") for t in self.tools],
+            "tools": [dict(t, type="function") for t in self.tools] + self.mcp.echo(),
             "tool_choice": "auto",
             "max_output_tokens": "inf",
         }
@@ -198,7 +207,8 @@ class Realtime(Responses, EventSource):
         except ProtocolError as e:
             return [self.error(e.code, e.message, e.param, client_id)], []
         except Exception as e:  # a shape no check above foresaw: answered, logged, not fatal
-            log.exception("unexpected client event %.200r", raw)
+            shown = "(not shown: it has headers)" if '"headers"' in raw else raw  # secrets
+            log.exception("unexpected client event %.200r", shown)
             message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
             return [self.error("invalid_event", message, None, client_id)], []
 
@@ -250,7 +260,7 @@ class Realtime(Responses, EventSource):
             ),
         )
         field("modalities", lambda: _modalities(session))
-        field("tools", lambda: _tools_of(session))
+        field("tools", lambda: _tools_of(self.mcp.take(session)))
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
             new["transcription"] = t is not None
@@ -265,6 +275,7 @@ class Realtime(Responses, EventSource):
             setattr(self, k, v)
         events = [self.error(e.code, e.message, e.param, client_id) for e in refused]
         events.append(self._event("session.updated", session=self.session_object()))
+        events += self.mcp.events()
         return events, self._restart()
 
     def _instructions_of(self, session: dict) -> Optional[str]:
@@ -292,10 +303,10 @@ class Realtime(Responses, EventSource):
         """Once the model's session runs, a new prompt (instructions, system or developer
         messages, tools) restarts it: the model's prompt is fixed when its session opens. The
         driver applies it at its next job (see ``Conversation._execute``)."""
-        if self.opened_with is None or self.opened_with == (self.prompt, tuple(self.tools)):
+        if self.opened_with is None or self.opened_with == (self.prompt, self.session_tools):
             return []
-        self.opened_with = (self.prompt, tuple(self.tools))
-        return [Start(self.prompt, tuple(self.tools))]
+        self.opened_with = (self.prompt, self.session_tools)
+        return [Start(self.prompt, self.session_tools)]
 
     def _append(self, event: dict):
         samples = decode_pcm16(event.get("audio"))
@@ -305,8 +316,8 @@ class Realtime(Responses, EventSource):
         if not self.started:
             self.started = True
             self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            self.opened_with = (self.prompt, tuple(self.tools))
-            commands.append(Start(self.prompt, tuple(self.tools)))
+            self.opened_with = (self.prompt, self.session_tools)
+            commands.append(Start(self.prompt, self.session_tools))
         resampled = self._input(samples)
         if resampled.size:
             commands.append(Append(resampled))
@@ -378,13 +389,16 @@ class Realtime(Responses, EventSource):
         kind = item.get("type")
         if kind == "function_call_output":
             return self._tool_output(item)
+        if kind == "mcp_approval_response":
+            return self.mcp.approval(item)
         if kind == "message":
             return self._message(item, event.get("previous_item_id"))
         if kind == "function_call":  # a client's record of an earlier call: kept, not run
             return self._record(item, "function_call"), []
         raise ProtocolError(
             "invalid_value",
-            f"item type {kind!r} is not one of message, function_call, function_call_output",
+            f"item type {kind!r} is not one of message, function_call, function_call_output, "
+            "mcp_approval_response",
             "item.type",
         )
 

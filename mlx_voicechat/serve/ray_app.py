@@ -19,6 +19,14 @@ restarts replicas that die and, with ``min_replicas`` / ``max_replicas``, autosc
   replicas live, sessions in use and capacity, from the reports every replica sends to a
   deployment-scoped actor (:class:`SessionBoard`) whenever their sessions change.
 - ``session.created`` names its replica in the vendor field ``x-voicechat``.
+- **Metrics.** Each replica records the series of :mod:`.metrics` through Ray's own metrics
+  (``ray.util.metrics``, tagged ``replica``): Ray's Prometheus export carries them (the
+  replica's ``/metrics`` answers 404 and says so).
+- **Stopping.** ``serve --ray`` first marks the deployment stopping on the board
+  (:func:`stop_sessions`): each replica, at its next report (within a second), tells its
+  conversations (``server_shutting_down``, close 1012) and takes no more, so Ray's drain finds
+  none left. A replica Ray stops otherwise does the same when its drain ends, and ends its
+  worker.
 
 Config files (``serve run`` / ``serve deploy``) use the import path
 ``mlx_voicechat.serve.ray_app:app_builder`` with the arguments of :func:`app_builder`.
@@ -45,6 +53,7 @@ CHANGE_SECONDS = 0.1  # and within this long of a change in its sessions
 STALE_SECONDS = 3.0  # a replica not heard from for this long is not counted live
 HEALTH_CHECK_SECONDS = 2.0  # how soon Ray's controller sees a dead replica and starts another
 DRAIN_SECONDS = 10.0  # a replica Ray stops gives its open sessions this long before closing
+DRAIN_POLL_SECONDS = 0.5  # how often Ray looks whether a stopping replica's sessions ended
 AUTOSCALE_HEADROOM = 0.8  # autoscaling keeps the replicas' sessions at this share of capacity
 API_KEY_ENV = "MLX_VOICECHAT_API_KEY"  # as `serve`: the key when none is given
 CLOSE_NO_MODEL = 1011  # "internal error": this replica cannot serve at all
@@ -56,9 +65,17 @@ class SessionBoard:
 
     def __init__(self):
         self._rows = {}
+        self._stopping = False
 
-    def report(self, replica: str, row: dict) -> None:
+    def report(self, replica: str, row: dict) -> bool:
+        """Keep ``row``; True once the deployment is being stopped (:meth:`stop`)."""
         self._rows[replica] = (time.monotonic(), row)
+        return self._stopping
+
+    def stop(self) -> None:
+        """The deployment is about to be deleted: each replica, at its next report, tells its
+        conversations (``server_shutting_down``, close 1012) and takes no more."""
+        self._stopping = True
 
     def forget(self, replica: str) -> None:
         self._rows.pop(replica, None)
@@ -120,6 +137,8 @@ class VoiceChatReplica:
             model_id=self.model_id,
             vendor={"replica": self.name, "node": self.node},
             health_extra=self.deployment_health,
+            metrics="ray",
+            metric_tags={"replica": self.name},
             **self.app_options,
         )
         self.server = app.state.server
@@ -158,8 +177,10 @@ class VoiceChatReplica:
                 try:
                     if self._board is None:
                         self._board = serve.get_deployment_actor(BOARD)
-                    await self._board.report.remote(self.name, row)
+                    stopping = await self._board.report.remote(self.name, row)
                     last, sent = row, time.monotonic()
+                    if stopping and self.server is not None and not self.server.shutting_down:
+                        self.server.begin_shutdown()
                 except Exception:  # not up yet, or being recreated: look it up again
                     self._board = None
             await asyncio.sleep(CHANGE_SECONDS)
@@ -187,10 +208,19 @@ class VoiceChatReplica:
         }
 
     async def __del__(self):
+        """Ray stops the replica (its deployment deleted, scaled down): every live conversation
+        hears ``server_shutting_down`` and close 1012, and the worker ends before the process
+        does (an MLX thread alive at the interpreter's end aborts it)."""
         if hasattr(self, "_reporter"):  # (not where __init__ failed)
             self._reporter.cancel()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.begin_shutdown()
+            await server.drained(DRAIN_SECONDS / 2)
         with contextlib.suppress(Exception):
             await self._board.forget.remote(self.name)
+        if server is not None:
+            await asyncio.to_thread(server.worker.stop, DRAIN_SECONDS / 4)
 
     # -- a replica without a model --
 
@@ -252,6 +282,7 @@ def deployment_options(
         "max_ongoing_requests": max_sessions + CONTROL_SLOTS,
         "ray_actor_options": {"num_cpus": 1, **(ray_actor_options or {})},
         "graceful_shutdown_timeout_s": DRAIN_SECONDS,
+        "graceful_shutdown_wait_loop_s": DRAIN_POLL_SECONDS,
         "health_check_period_s": HEALTH_CHECK_SECONDS,
         "request_router_config": RequestRouterConfig(
             request_router_class="mlx_voicechat.serve.ray_proxy.SessionRouter",
@@ -343,6 +374,28 @@ def app_builder(args: dict):
     if isinstance(args.get("allow_origins"), str):
         args["allow_origins"] = [args["allow_origins"]]
     return realtime_app(args.pop("model"), **args)
+
+
+def stop_sessions(timeout: float = 3.0) -> int:
+    """From a driver: mark every board of this application stopping (:meth:`SessionBoard.stop`)
+    and wait, at most ``timeout`` seconds, until the replicas report no session; returns the
+    sessions still open then."""
+    from ray.serve._private.constants import SERVE_DEPLOYMENT_ACTOR_PREFIX
+
+    boards = []
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        name = a["name"]
+        if name.startswith(SERVE_DEPLOYMENT_ACTOR_PREFIX) and APP_NAME in name and BOARD in name:
+            with contextlib.suppress(ValueError):
+                boards.append(ray.get_actor(name, namespace=a["namespace"]))
+    ray.get([b.stop.remote() for b in boards], timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [r for b in boards for r in ray.get(b.rows.remote(STALE_SECONDS), timeout=timeout)]
+        open_sessions = sum(r["sessions"] for r in rows)
+        if not open_sessions or time.monotonic() > deadline:
+            return open_sessions
+        time.sleep(0.1)
 
 
 def start_serve(host: str = "127.0.0.1", port: int = 8000, log_level: str = "INFO"):

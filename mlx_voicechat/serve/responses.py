@@ -170,6 +170,8 @@ class Responses:
         """A call the model wrote on its function channel: a function_call item in the open
         response, or, when the model is not speaking, in a response of its own (a requested
         one that waits, or a new one) that completes with it."""
+        if self.mcp.owns(call.name):  # an MCP server's tool: serve runs it (mcp_tools.py)
+            return self.mcp.call(call)
         own = not self._speaking
         out: List[Event] = []
         if self.response is None:

@@ -3,14 +3,15 @@ session slots, the settings) and what it admits: an API key, the browser origins
 own (from the address a connection arrived at, never from the request's ``Host``) and how long
 a session's prompt may be (from the model's context and vocabulary)."""
 
+import asyncio
 import hmac
 import ipaddress
+import time
 from typing import Iterable, List, Optional, Set
-
-import numpy as np
 
 from ..runtime.request import prompt_ids, resolve_system_prompt
 from ..runtime.tools import render_system_prompt
+from .metrics import Metrics
 from .stepper import Stepper
 from .wire import MODEL_INPUT_RATE
 from .worker import Worker
@@ -19,6 +20,8 @@ SAMPLES_PER_FRAME = 1280  # 80 ms at 16 kHz, the session's input frame
 FRAME_SECONDS = SAMPLES_PER_FRAME / MODEL_INPUT_RATE
 KEY_PROTOCOL = "openai-insecure-api-key."
 MAX_PROMPT_TOKENS = 4096  # default bound of a session's prompt (instructions and tools), tokens
+CLOSE_RESTART = 1012  # "service restart": the server shuts down, the client may reconnect
+SHUTDOWN_CODE = "server_shutting_down"  # the error event every live conversation gets then
 
 
 class Server:
@@ -45,6 +48,8 @@ class Server:
         worker: Optional[Worker] = None,
         idle_timeout: Optional[float] = None,
         max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+        metrics: Optional[str] = "prometheus",
+        metric_tags: Optional[dict] = None,
     ):
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
@@ -65,6 +70,8 @@ class Server:
         self.session_options = dict(session_options or {})
         self.worker = Worker.shared() if worker is None else worker
         self.stepper = Stepper(model, self.worker, self.max_sessions)
+        self.metrics = Metrics(metrics, live=lambda: self.active, tags=metric_tags)
+        self.stepper.on_step = self.metrics.step
         self.idle_timeout = float(idle_timeout) if idle_timeout else None
         self.max_prompt_tokens, self.max_instructions_chars = prompt_bounds(
             model, max_prompt_tokens
@@ -73,10 +80,43 @@ class Server:
         self.ready = False
         self.sessions_served = 0
         self.vendor: dict = {}  # the x-voicechat fields of session.created (a Ray replica's name)
+        self.channels: set = set()  # the live connections (Channel objects)
+        self.shutting_down = False
+
+    # -- shutdown --
+
+    def begin_shutdown(self) -> None:
+        """Refuse new connections, and end every live one: an ``error`` event
+        (``server_shutting_down``), then close 1012; their work on the worker is dropped."""
+        self.shutting_down = True
+        for channel in list(self.channels):
+            channel.fail(
+                SHUTDOWN_CODE,
+                "the server is shutting down; open a new connection to go on",
+                CLOSE_RESTART,
+            )
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until every connection has closed."""
+        deadline = time.monotonic() + timeout
+        while self.channels and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self.channels
 
     def open_session(self, instructions: Optional[str], tools=()):
         """On the worker: a new conversation of the server's batch with the client's
         instructions and tools (see :mod:`.stepper`)."""
+        from ..runtime.framestate import PROMPT_STATES
+
+        t, before = time.perf_counter(), dict(PROMPT_STATES)
+        session = self._open(instructions, tools)
+        # (on the worker, the one thread that opens sessions: the counts moved by this open only)
+        moved = [k for k in ("hit", "miss") if PROMPT_STATES[k] > before[k]]
+        cached = {"hit": True, "miss": False}.get(moved[-1]) if moved else None
+        self.metrics.session_opened(time.perf_counter() - t, cached)
+        return session
+
+    def _open(self, instructions: Optional[str], tools=()):
         options = dict(self.session_options)
         if tools:
             options["tools"] = list(tools)
@@ -90,13 +130,11 @@ class Server:
         return len(prompt_ids(self.model, text))
 
     def warm_up(self, frames: int = 4) -> None:
-        """On the worker: open a session and run a few frames, so the first client does not pay
-        for the first-use costs (compiled steps, the TTS warm-up codes, the speech stream)."""
-        session = self.open_session(None)
-        try:
-            self.stepper.run_now(session, np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32))
-        finally:
-            session.close()
+        """On the worker: run a few frames at every batch size the server holds, so neither the
+        first client nor a join pays for first-use costs (compiled steps at each batch size, the
+        TTS warm-up codes, the seed's prompt chain, the speech stream). Its sessions are not
+        clients': they are not in the metrics."""
+        self.stepper.warm_up(lambda: self._open(None), SAMPLES_PER_FRAME, frames)
 
     # -- admission --
 

@@ -17,7 +17,7 @@ from collections import deque
 from typing import List, Optional
 
 from ..errors import VoiceChatError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, HANDED_OVER, Channel, lag_message, log
 from .connection import Conversation
 from .transcription import TranscriptionRealtime, is_transcription_update
 from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
@@ -73,6 +73,7 @@ class _Duplex(Conversation):
     def take(self, raw) -> bool:
         if not self.protocol.started and is_transcription_update(raw):
             self.switch = raw
+            self.ended_by = HANDED_OVER  # (the same conversation goes on: not closed)
             return False
         return super().take(raw)
 

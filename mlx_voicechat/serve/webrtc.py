@@ -643,6 +643,16 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         bad = check_session(server, session)
         if bad is not None:
             return refused(400, bad)
+        if server.shutting_down:
+            server.metrics.refused("shutting_down")
+            return refused(
+                503,
+                error_body(
+                    "the server is shutting down; try again later",
+                    "server_shutting_down",
+                    "server_error",
+                ),
+            )
         if secret is not None:  # checked last: a request refused above does not use it up
             try:
                 preset = store.redeem(secret)
@@ -651,6 +661,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         config = dict(preset or {})
         config.update(session or {})
         if server.active >= server.max_sessions:
+            server.metrics.refused("server_busy")
             return refused(
                 503,
                 error_body(
@@ -674,6 +685,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             await call.close()
             message = f"{e}".splitlines()[0] if str(e) else type(e).__name__
             return refused(400, error_body(f"the SDP offer was refused: {message}", "invalid_sdp"))
+        server.metrics.opened()
         wants_channel = "\nm=application " in sdp.replace("\r\n", "\n")
         call.task = asyncio.create_task(call.run(wants_channel, ice_timeout))
         log.info("WebRTC call %s answered", call_id)

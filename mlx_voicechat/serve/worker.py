@@ -1,10 +1,17 @@
 """The one thread that runs a server process's MLX work."""
 
 import asyncio
+import ctypes
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable, Optional
+
+
+class WorkerStopped(BaseException):
+    """The worker was stopped (the server shuts down): the job did not run, or was cut short.
+    A BaseException, so that no ``except Exception`` of the job's own keeps it going."""
 
 
 class Worker:
@@ -12,14 +19,18 @@ class Worker:
 
     :meth:`shared` is the process's one worker, which every app uses unless given another:
     MLX streams belong to the thread that made them, and the TTS stream is made once per
-    process. The thread never ends before the process does (an MLX thread that ends first can
-    abort the process at exit: "terminate called without an active exception", MLX 0.32)."""
+    process. An interpreter that finalizes while the thread is inside MLX aborts the process
+    ("terminate called without an active exception": the thread's next take of the GIL ends it
+    by unwinding through MLX's C++ frames), so a process that exits with the thread still
+    there first calls :meth:`stop`, which ends it between two lines of Python."""
 
     _shared: Optional["Worker"] = None
     _shared_lock = threading.Lock()
 
     def __init__(self, name: str = "mlx-voicechat-worker"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopping = False
+        self._busy = False  # a job runs
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -31,24 +42,62 @@ class Worker:
             return cls._shared
 
     def _loop(self) -> None:
-        while True:
-            future, fn, args = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue  # cancelled while it waited
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
-            del future, fn, args  # a parked thread holds no job's objects
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                future, fn, args = job
+                if self._stopping:
+                    future.cancel()
+                elif future.set_running_or_notify_cancel():  # (False: cancelled while it waited)
+                    self._busy = True
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as e:  # handed to whoever waits on the future
+                        future.set_exception(e)
+                    finally:
+                        self._busy = False
+                del job, future, fn, args  # a parked thread holds no job's objects
+        except WorkerStopped:  # stop()'s interruption, landed between two jobs
+            return
 
     def submit(self, fn: Callable, *args) -> Future:
         future: Future = Future()
+        if self._stopping:
+            future.set_exception(WorkerStopped("the server is shutting down"))
+            return future
         self._jobs.put((future, fn, args))
         return future
 
     async def run(self, fn: Callable, *args):
         return await asyncio.wrap_future(self.submit(fn, *args))
 
+    def stop(self, timeout: float) -> bool:
+        """End the thread within ``timeout`` seconds: jobs that wait are cancelled, the one
+        that runs is cut short (:class:`WorkerStopped` raised in it at its next line of
+        Python; MLX's own calls finish first), and the thread is joined. True once it ended."""
+        self._stopping = True
+        self._jobs.put(None)
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self._thread.is_alive():
+            if self._busy:
+                _raise_in(self._thread, WorkerStopped)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._thread.join(min(left, 0.2))
+        return not self._thread.is_alive()
+
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+
+def _raise_in(thread: threading.Thread, exc: type) -> None:
+    """Raise ``exc`` in ``thread`` at its next line of Python (CPython's asynchronous
+    exception; a no-op where the thread has ended)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(exc)
+        )

@@ -8,6 +8,7 @@ may be float32, bfloat16 / float16 or quantized (mlx-audio's global ``quantizati
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -41,6 +42,29 @@ def read_recognizer_config(folder: Path, raw: Mapping[str, Any]) -> ASRConfig:
     if not isinstance(processor, dict):
         raise CheckpointError(f"{proc_path} must hold a JSON object")
     return ASRConfig.from_dict(raw, tokenizer=tokenizer, processor=processor)
+
+
+_BIAS_GROUPS = {
+    "attention": re.compile(
+        r"^encoder\.layers\.\d+\.(self_attn\.linear_\w+|feed_forward\d\.linear\d)\.bias$"
+    ),
+    "convolution": re.compile(r"^encoder\.layers\.\d+\.conv\.\w+_conv\d?\.bias$"),
+}
+
+
+def zero_biases(model, config: ASRConfig, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
+    """Zeros for the encoder biases of the groups ``config.zero_biases`` names that
+    ``weights`` does not hold: Transformers builds that group without a bias, and a zero bias
+    is the same function (the network has one bias switch for both groups)."""
+    from mlx.utils import tree_flatten
+
+    out = {}
+    for group in config.zero_biases:
+        pattern = _BIAS_GROUPS[group]
+        for k, v in tree_flatten(model.parameters()):
+            if pattern.match(k) and k not in weights:
+                out[k] = mx.zeros(v.shape, v.dtype)
+    return out
 
 
 def check_tensors(
@@ -94,6 +118,7 @@ def load_recognizer(
     config = read_recognizer_config(folder, raw)
     model = model_class(config)
     weights = sanitize_recognizer(model, read_weights(weight_files(folder)))
+    weights.update(zero_biases(model, config, weights))
     quantize_model(model, config.quantization, weights)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     check_tensors(expected, {k: tuple(v.shape) for k, v in weights.items()}, f"{folder}")

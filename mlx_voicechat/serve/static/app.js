@@ -377,7 +377,7 @@
     clearError();
     vc.lastError = null;
     if (!window.isSecureContext || !navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
-      showError('the microphone needs a secure page: open it at http://127.0.0.1:PORT/ or http://localhost:PORT/, or over https');
+      showError('the microphone needs a secure page: open it at http://127.0.0.1:PORT/ or http://localhost:PORT/, or over https (serve --ssl-certfile CERT --ssl-keyfile KEY)');
       return;
     }
     const Context = window.AudioContext || window.webkitAudioContext;

@@ -1,0 +1,567 @@
+"""Tools that run: MCP servers (the Model Context Protocol) as a conversation's tools.
+
+The official ``mcp`` SDK (the ``[mcp]`` extra) is asyncio; the frame loop must keep its 80 ms
+clock. So an :class:`MCPClient` owns one thread with its own event loop, on which every server
+connection lives and every call runs; the session's thread only submits calls and, between
+frames, takes the results that have arrived (:meth:`MCPTools.take_finished`) and queues them
+with ``add_tool_result``. Nothing here touches the model.
+
+Servers come from the common config ``{"mcpServers": {name: {"command", "args", "env"} |
+{"url", "headers"}}}`` (stdio or streamable HTTP). Their tools become OpenAI function tools
+(a tool whose name two servers share is named ``server_tool``). Every failure (a server that
+does not start, dies mid-call or hangs, a tool error, an oversized result) becomes the text of
+a tool result the model hears, never an exception in the frame loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import VoiceChatError
+from ..files import read_json
+from .tools import MAX_TOOLS
+
+DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
+START_TIMEOUT = 30.0  # seconds a server has to start and list its tools
+MAX_RESULT_CHARS = 4000  # a longer result is refused: it would take minutes to inject
+MAX_RESPONSE_BYTES = 4 << 20  # an HTTP server's one SSE event, read at most (the transport's bound)
+CLOSE_TIMEOUT = 10.0
+CONNECTION_CLOSED = -32000  # the SDK's JSON-RPC error code for a connection that ended
+
+
+class MCPError(VoiceChatError):
+    """An MCP config, server or SDK that cannot be used (one line, no traceback)."""
+
+
+def require_sdk():
+    """The ``mcp`` package, or a one-line error that says how to install it."""
+    try:
+        import mcp  # noqa: F401
+        from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+    except ImportError:
+        raise MCPError(
+            "MCP tools need the official MCP Python SDK: pip install 'mlx-voicechat[mcp]'"
+        ) from None
+    return mcp
+
+
+# --- the config ---------------------------------------------------------------------------
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed or logged: no user, password, query or fragment (they may
+    hold secrets), at most 200 characters."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+        netloc = (u.hostname or "") + (f":{u.port}" if u.port else "")
+    except ValueError:
+        return "(not a URL)"
+    return urlunsplit((u.scheme, netloc, u.path, "", ""))[:200]
+
+
+
+@dataclass
+class ServerSpec:
+    """One MCP server: a command to start (stdio) or a URL (streamable HTTP)."""
+
+    name: str
+    command: Optional[str] = None
+    args: Tuple[str, ...] = ()
+    env: Optional[Dict[str, str]] = None
+    url: Optional[str] = None
+    headers: Dict[str, str] = field(default_factory=dict, repr=False)  # never printed
+    allowed_tools: Optional[Tuple[str, ...]] = None
+
+    @property
+    def where(self) -> str:
+        """What to show a person: the command line or the URL (never headers or env, nor a
+        URL's user, password or query)."""
+        if self.url is not None:
+            return shown_url(self.url)
+        return " ".join([self.command or "", *self.args])
+
+
+def _strings(value, what: str, kind=list) -> Any:
+    if kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise MCPError(f"{what} must be a list of strings")
+        return tuple(value)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise MCPError(f"{what} must be an object of strings")
+    return dict(value)
+
+
+def parse_config(data: Any, source: str = "the MCP config") -> List[ServerSpec]:
+    """The servers of a ``{"mcpServers": {...}}`` object (validated, one-line errors)."""
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
+        raise MCPError(f'{source} must be an object with an "mcpServers" object')
+    specs = []
+    for name, entry in data["mcpServers"].items():
+        where = f"{source}: server {name!r}"
+        if not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise MCPError(f"{where}: a server name may hold only letters, digits, _ and -")
+        if not isinstance(entry, dict):
+            raise MCPError(f"{where} must be an object")
+        allowed = entry.get("allowedTools")
+        if allowed is not None:
+            allowed = _strings(allowed, f"{where}: allowedTools")
+        if ("command" in entry) == ("url" in entry):
+            raise MCPError(f'{where} needs either "command" (stdio) or "url" (streamable HTTP)')
+        if "command" in entry:
+            if not isinstance(entry["command"], str) or not entry["command"]:
+                raise MCPError(f"{where}: command must be a non-empty string")
+            specs.append(
+                ServerSpec(
+                    name,
+                    command=entry["command"],
+                    args=_strings(entry.get("args", []), f"{where}: args"),
+                    env=_strings(entry["env"], f"{where}: env", dict) if "env" in entry else None,
+                    allowed_tools=allowed,
+                )
+            )
+        else:
+            url = entry["url"]
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise MCPError(f"{where}: url must be an http:// or https:// URL")
+            headers = _strings(entry.get("headers", {}), f"{where}: headers", dict)
+            specs.append(ServerSpec(name, url=url, headers=headers, allowed_tools=allowed))
+    if not specs:
+        raise MCPError(f'{source} has no servers in "mcpServers"')
+    return specs
+
+
+def read_config(path) -> List[ServerSpec]:
+    """The servers of a ``--mcp FILE.json``."""
+    where = f"the MCP config {path}"
+    return parse_config(read_json(path, MCPError, where), where)
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class ToolOutcome:
+    """What one call did: ``output`` is the text the model hears (the result, or an error
+    message when ``error`` is set)."""
+
+    call_id: str
+    name: str  # the function name the model called
+    server: str
+    tool: str
+    arguments: str
+    output: str = ""
+    error: Optional[str] = None
+    seconds: float = 0.0
+    kind: str = "ok"  # see MCPClient.call
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _one_line(text: str, n: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def result_text(result) -> str:
+    """The text of a ``CallToolResult``: its text blocks joined, other blocks named; its
+    structured content as JSON when it has no text."""
+    parts = []
+    for block in getattr(result, "content", None) or []:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource" and hasattr(block.resource, "text"):
+            parts.append(block.resource.text)
+        else:
+            parts.append(f"[{kind} content]")
+    if not parts and getattr(result, "structured_content", None) is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+# --- the client: one thread, one event loop -----------------------------------------------
+
+
+class _Connection:
+    """One server, held open by a task of the client's loop."""
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self.session = None
+        self.tools: List[Any] = []
+        self.stop: Optional[asyncio.Event] = None
+        self.task: Optional[asyncio.Task] = None
+        self.gone: Optional[str] = None  # why the connection ended, once it has
+        self.errlog = None
+
+    def _stderr_tail(self) -> str:
+        if self.errlog is None:
+            return ""
+        try:
+            self.errlog.flush()
+            self.errlog.seek(0)
+            lines = [x for x in self.errlog.read().decode("utf-8", "replace").splitlines() if x]
+        except (OSError, ValueError):
+            return ""
+        return f"; its last words: {_one_line(lines[-1], 200)}" if lines else ""
+
+    async def run(self, ready: asyncio.Future, max_response_bytes: int) -> None:
+        from mcp import ClientSession, StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        spec = self.spec
+        self.stop = asyncio.Event()
+        try:
+            async with AsyncExitStack() as stack:
+                if spec.url is not None:
+                    from mcp.shared._httpx_utils import create_mcp_http_client
+
+                    http = create_mcp_http_client(headers=dict(spec.headers))
+                    await stack.enter_async_context(http)
+                    streams = streamable_http_client(
+                        spec.url, http_client=http, max_sse_event_size=max_response_bytes
+                    )
+                else:
+                    self.errlog = tempfile.TemporaryFile()  # closed in finally
+                    params = StdioServerParameters(
+                        command=spec.command, args=list(spec.args), env=spec.env
+                    )
+                    streams = stdio_client(params, errlog=self.errlog)
+                read, write = await stack.enter_async_context(streams)
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                tools, cursor = [], None
+                while True:
+                    from mcp.types import PaginatedRequestParams
+
+                    params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
+                    listed = await session.list_tools(params=params)
+                    tools += listed.tools
+                    cursor = listed.next_cursor
+                    if not cursor:
+                        break
+                self.session, self.tools = session, tools
+                ready.set_result(tools)
+                await self.stop.wait()
+                self.gone = self.gone or "it was stopped"
+        except BaseException as e:  # noqa: BLE001  (any end of a server is one message)
+            message = _describe(e) + self._stderr_tail()
+            self.gone = self.gone or message
+            if not ready.done():
+                ready.set_exception(MCPError(f"the MCP server {spec.name!r} ({spec.where}) "
+                                             f"did not start: {message}"))
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+        finally:
+            self.session = None
+            if self.errlog is not None:
+                self.errlog.close()
+                self.errlog = None
+
+
+def _describe(e: BaseException) -> str:
+    """One line for an exception (an exception group: its first leaf)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    if isinstance(e, asyncio.CancelledError):
+        return "its connection was cancelled"
+    text = str(e) or type(e).__name__
+    name = type(e).__name__
+    return _one_line(text if name in ("MCPError", "McpError") else f"{name}: {text}")
+
+
+class MCPClient:
+    """Connections to MCP servers on a thread of their own. Thread-safe: :meth:`connect` and
+    :meth:`call` return ``concurrent.futures.Future`` objects; :meth:`close` stops every server
+    it started and the thread."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float = DEFAULT_TOOL_TIMEOUT,
+        max_result_chars: int = MAX_RESULT_CHARS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        start_timeout: float = START_TIMEOUT,
+    ):
+        require_sdk()
+        if not timeout > 0:
+            raise MCPError(f"the tool timeout must be > 0 seconds, not {timeout}")
+        self.timeout = float(timeout)
+        self.max_result_chars = int(max_result_chars)
+        self.max_response_bytes = int(max_response_bytes)
+        self.start_timeout = float(start_timeout)
+        self._connections: Dict[str, _Connection] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="mlx-voicechat-mcp", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def _submit(self, coro) -> Future:
+        if self._closed:
+            coro.close()
+            raise MCPError("the MCP client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def connect(self, spec: ServerSpec) -> Future:
+        """Start (stdio) or open (HTTP) ``spec``; the future's result is its tools (the SDK's
+        ``Tool`` objects); a failure is an :class:`MCPError` with one line."""
+        if spec.name in self._connections:
+            raise MCPError(f"two MCP servers are named {spec.name!r}")
+        conn = _Connection(spec)
+        self._connections[spec.name] = conn
+
+        async def start():
+            ready = self._loop.create_future()
+            conn.task = self._loop.create_task(conn.run(ready, self.max_response_bytes))
+            try:
+                return await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
+            except asyncio.TimeoutError:
+                if conn.stop is not None:
+                    conn.stop.set()
+                conn.task.cancel()
+                raise MCPError(
+                    f"the MCP server {spec.name!r} ({spec.where}) did not answer within "
+                    f"{self.start_timeout:g} s"
+                ) from None
+
+        return self._submit(start())
+
+    def call(self, server: str, tool: str, arguments: Mapping[str, Any]) -> Future:
+        """Call ``tool`` on ``server``; the future's result is ``(text, error or None, kind)``
+        and never an exception: a timeout, a dead server, a tool error and an oversized result
+        are error texts; ``kind`` is ``"ok"``, ``"tool"`` (the tool said it failed),
+        ``"timeout"``, ``"closed"`` (the server is gone), ``"too_large"`` or ``"protocol"``."""
+        return self._submit(self._call(server, tool, dict(arguments)))
+
+    async def _call(self, server: str, tool: str, arguments: dict):
+        conn = self._connections.get(server)
+        if conn is None:
+            return "", f"there is no MCP server {server!r}", "closed"
+        if conn.session is None or (conn.task is not None and conn.task.done()):
+            why = conn.gone or "not started"
+            return "", f"the MCP server {server!r} is not running ({why})", "closed"
+        call = asyncio.ensure_future(conn.session.call_tool(tool, arguments))
+        gone = asyncio.ensure_future(_watch(conn))
+        try:
+            done, _ = await asyncio.wait({call, gone}, timeout=self.timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if call not in done:
+            call.cancel()
+            if gone in done:
+                reason = conn.gone or "its connection ended"
+                return "", f"the MCP server {server!r} stopped during the call ({reason})", "closed"
+            return "", f"the tool {tool!r} did not answer within {self.timeout:g} s", "timeout"
+        try:
+            result = call.result()
+        except BaseException as e:  # noqa: BLE001
+            closed = getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED
+            if closed or (conn.task is not None and conn.task.done()):
+                # the server is gone: later calls are refused at once, and its task ends
+                conn.gone = conn.gone or "its connection closed" + conn._stderr_tail()
+                conn.session = None
+                if conn.stop is not None:
+                    conn.stop.set()
+                message = f"the MCP server {server!r} stopped during the call ({conn.gone})"
+                return "", message, "closed"
+            return "", f"the tool {tool!r} failed: {_describe(e)}", "protocol"
+        text = result_text(result)
+        if getattr(result, "is_error", False):
+            return "", f"the tool {tool!r} failed: {_one_line(text) or 'no message'}", "tool"
+        if len(text) > self.max_result_chars:
+            return "", (
+                f"the tool {tool!r} returned {len(text)} characters; at most "
+                f"{self.max_result_chars} are passed on, so the result was dropped"
+            ), "too_large"
+        return text, None, "ok"
+
+    def running(self, server: str) -> bool:
+        conn = self._connections.get(server)
+        return conn is not None and conn.session is not None and not conn.task.done()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Stop every server (a stdio server's process ends) and the loop's thread."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def stop_all():
+            for conn in self._connections.values():
+                if conn.stop is not None:
+                    conn.stop.set()
+            tasks = [c.task for c in self._connections.values() if c.task is not None]
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=timeout)
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    await asyncio.wait(pending, timeout=2)
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.cancel()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop_all(), self._loop).result(timeout + 5)
+        except (FutureTimeout, RuntimeError):
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> "MCPClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _watch(conn: _Connection) -> None:
+    """Returns when the connection's task ends (its server died or was stopped)."""
+    await asyncio.wait({conn.task})
+
+
+# --- a conversation's tools ---------------------------------------------------------------
+
+
+def function_tool(name: str, tool) -> Dict[str, Any]:
+    """An MCP ``Tool`` as an OpenAI function tool named ``name``."""
+    out = {"type": "function", "name": name}
+    if tool.description:
+        out["description"] = tool.description
+    out["parameters"] = dict(tool.input_schema or {"type": "object", "properties": {}})
+    return out
+
+
+def name_tools(listed: Sequence[Tuple[str, Sequence[Any]]], taken: Sequence[str] = ()):
+    """``[(function name, server, tool)]`` for the tools of each ``(server, tools)``: a tool's
+    own name, or ``server_tool`` where another server (or ``taken``) has the same name."""
+    count: Dict[str, int] = {n: 1 for n in taken}
+    for _, tools in listed:
+        for t in tools:
+            count[t.name] = count.get(t.name, 0) + 1
+    return [
+        (t.name if count[t.name] == 1 else f"{server}_{t.name}", server, t)
+        for server, tools in listed
+        for t in tools
+    ]
+
+
+class MCPTools:
+    """A conversation's MCP servers: started with :meth:`start`, their tools as OpenAI
+    function tools (:attr:`functions`), calls the model makes run on the client's thread
+    (:meth:`submit`) and their outcomes taken on the session's thread
+    (:meth:`take_finished`)."""
+
+    def __init__(self, specs: Sequence[ServerSpec], **client_options):
+        self.specs = list(specs)
+        self.client = MCPClient(**client_options)
+        self.functions: List[Dict[str, Any]] = []
+        self.routes: Dict[str, Tuple[str, str]] = {}  # function name -> (server, tool)
+        self._finished: "queue.SimpleQueue[ToolOutcome]" = queue.SimpleQueue()
+        self.in_flight = 0
+
+    def start(self, taken: Sequence[str] = ()) -> List[Dict[str, Any]]:
+        """Start every server and list its tools (an :class:`MCPError` names the first that
+        fails; the others are stopped by :meth:`close`). ``taken``: names already in use."""
+        futures = [(s, self.client.connect(s)) for s in self.specs]
+        listed = []
+        for spec, future in futures:
+            tools = future.result()
+            if spec.allowed_tools is not None:
+                missing = sorted(set(spec.allowed_tools) - {t.name for t in tools})
+                if missing:
+                    raise MCPError(
+                        f"the MCP server {spec.name!r} has no tool {', '.join(map(repr, missing))}"
+                    )
+                tools = [t for t in tools if t.name in spec.allowed_tools]
+            listed.append((spec.name, tools))
+        named = name_tools(listed, taken)
+        if len(named) + len(taken) > MAX_TOOLS:
+            offered = ", ".join(n for n, _, _ in named)
+            raise MCPError(
+                f"the MCP servers offer {len(named)} tools ({offered}); the model takes at most "
+                f"{MAX_TOOLS} in all: keep some with an \"allowedTools\" list per server"
+            )
+        self.functions = [function_tool(n, t) for n, _, t in named]
+        self.routes = {n: (server, t.name) for n, server, t in named}
+        return self.functions
+
+    def owns(self, name: str) -> bool:
+        return name in self.routes
+
+    def submit(self, call) -> Future:
+        """Run the model's ``call`` (a ``ToolCall`` naming one of :attr:`functions`); its
+        :class:`ToolOutcome` is queued for :meth:`take_finished` (and is the future's
+        result)."""
+        server, tool = self.routes[call.name]
+        outcome = ToolOutcome(call.call_id, call.name, server, tool, call.arguments)
+        t0 = time.monotonic()
+        self.in_flight += 1
+        out: Future = Future()
+
+        def finish(text, error, kind="protocol"):
+            outcome.output, outcome.error = (text, None) if error is None else (error, error)
+            outcome.kind = "ok" if error is None else kind
+            outcome.seconds = time.monotonic() - t0
+            self._finished.put(outcome)
+            out.set_result(outcome)
+
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError as e:
+            finish("", f"the arguments are not JSON: {e}", "arguments")
+            return out
+        try:
+            inner = self.client.call(server, tool, arguments)
+        except MCPError as e:
+            finish("", str(e), "closed")
+            return out
+        inner.add_done_callback(
+            lambda f: finish(*f.result()) if not f.cancelled() and f.exception() is None
+            else finish("", f"the call did not run ({_describe(f.exception() or Exception())})")
+        )
+        return out
+
+    def take_finished(self) -> List[ToolOutcome]:
+        """The outcomes that arrived since the last take (call on the session's thread)."""
+        out = []
+        while True:
+            try:
+                out.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
+        self.in_flight -= len(out)
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "MCPTools":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

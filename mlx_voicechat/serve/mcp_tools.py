@@ -1,0 +1,472 @@
+"""Realtime ``mcp`` tools: MCP servers that ``serve`` connects to and whose tools it runs.
+
+A client puts ``{"type": "mcp", "server_label", "server_url", "allowed_tools", "headers",
+"require_approval"}`` in ``session.tools``. The server connects only to URLs the operator
+allowed (``--mcp-allow PREFIX``; none by default), lists the server's tools
+(``mcp_list_tools.in_progress`` / ``.completed`` / ``.failed`` on an ``mcp_list_tools`` item),
+gives them to the model as function tools, and runs the calls the model writes: each in a
+response of its own (an ``mcp_call`` item, ``response.mcp_call_arguments.*``,
+``response.mcp_call.in_progress`` then ``.completed`` or ``.failed``, ``response.done`` when the
+call has finished), its result (or error) fed back to the model as a function result. A tool
+that needs approval first gets an ``mcp_approval_request`` item; the client's
+``mcp_approval_response`` item runs it, or tells the model it was refused.
+
+:class:`McpTools` is the protocol's side (pure: events out, jobs handed to ``launch``);
+:class:`McpRunner` is the connection's side: it runs the jobs on a ``runtime.mcp.MCPClient``
+(a thread and event loop of its own, never the MLX worker) and hands the outcomes back.
+Headers a client gives are sent to its MCP server and nowhere else: never logged, never echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..runtime.mcp import shown_url
+from ..runtime.tools import MAX_TOOLS
+from .wire import Event, ProtocolError, ToolResult, _new_id
+
+log = logging.getLogger("mlx_voicechat.serve")
+
+DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
+MAX_RESULT_CHARS = 4000  # characters of a result passed to the model
+MAX_RESPONSE_BYTES = 4 << 20  # an MCP server's one streamed event, read at most
+ERROR_CODES = {"timeout": -32001, "closed": -32000}  # JSON-RPC codes the MCP SDK uses
+
+
+@dataclass(frozen=True)
+class McpPolicy:
+    """What the operator allows: URL prefixes, and the bounds of a call."""
+
+    allow: Tuple[str, ...] = ()
+    timeout: float = DEFAULT_TOOL_TIMEOUT
+    max_result_chars: int = MAX_RESULT_CHARS
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+
+    def allows(self, url: str) -> bool:
+        """``url`` starts with an allowed prefix at a path boundary (``http://h:1`` allows
+        ``http://h:1/mcp``, not ``http://h:12``)."""
+        for prefix in self.allow:
+            if url.startswith(prefix):
+                rest = url[len(prefix) :]
+                if prefix.endswith("/") or not rest or rest[0] in "/?#":
+                    return True
+        return False
+
+
+@dataclass
+class _Server:
+    label: str
+    url: str
+    headers: Dict[str, str] = field(repr=False)
+    allowed: Optional[Tuple[str, ...]]
+    approval: Any
+    item_id: str
+    status: str = "in_progress"  # -> completed / failed
+    tools: List[Any] = field(default_factory=list)  # the SDK's Tool objects, once listed
+    active: bool = True  # in the session's latest tools
+
+    def same(self, other: "_Server") -> bool:
+        return (self.url, self.headers, self.allowed, self.approval) == (
+            other.url, other.headers, other.allowed, other.approval
+        )
+
+
+@dataclass
+class McpJob:
+    """Work for the runner: ``kind`` "list" (connect ``server``, list its tools) or "call"."""
+
+    kind: str
+    server: _Server
+    call_id: str = ""
+    tool: str = ""
+    arguments: str = "{}"
+    item_id: str = ""
+    response_id: str = ""
+    approval_request_id: Optional[str] = None
+
+
+def _names(value, param: str) -> Optional[Tuple[str, ...]]:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("tool_names")
+        if value is None:
+            return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError("invalid_value", f"`{param}` must list tool names", param)
+    return tuple(value)
+
+
+class McpTools:
+    """The ``mcp`` tools of one Realtime connection (used by :class:`.protocol.Realtime`)."""
+
+    def __init__(self, protocol, policy: Optional[McpPolicy] = None):
+        self.p = protocol
+        self.policy = policy or McpPolicy()
+        self.servers: Dict[str, _Server] = {}
+        self.routes: Dict[str, Tuple[str, str]] = {}  # function name -> (label, tool)
+        self.functions: List[dict] = []
+        self.approvals: Dict[str, Tuple[McpJob, str]] = {}  # request id -> (job, call_id)
+        self.launch: Optional[Callable[[McpJob], None]] = None  # the runner's, once connected
+        self.outbox: List[McpJob] = []  # jobs while no runner is attached (socket-free tests)
+        self._events: List[Event] = []
+
+    # -- session.tools --
+
+    def take(self, session: dict) -> dict:
+        """``session`` with its ``mcp`` tools taken out (and configured); a refused entry is a
+        ProtocolError naming it. Called for each ``session.update``."""
+        tools = session.get("tools")
+        if not isinstance(tools, list):
+            return session
+        rest, wanted = [], []
+        for n, tool in enumerate(tools):
+            if isinstance(tool, dict) and tool.get("type") == "mcp":
+                wanted.append(self._parse(tool, f"session.tools[{n}]"))
+            else:
+                rest.append(tool)
+        labels = [s.label for s in wanted]
+        if len(set(labels)) != len(labels):
+            raise ProtocolError("invalid_value", "two mcp tools have one server_label",
+                                "session.tools")
+        for s in wanted:
+            old = self.servers.get(s.label)
+            if old is not None and not old.same(s):
+                raise ProtocolError(
+                    "invalid_value",
+                    f"server_label {s.label!r} already names another MCP server in this session; "
+                    "give the new one a label of its own",
+                    "session.tools",
+                )
+        for s in self.servers.values():
+            s.active = s.label in labels
+        for s in wanted:
+            if s.label not in self.servers:
+                self.servers[s.label] = s
+                self._list(s)
+        self._rename()
+        return dict(session, tools=rest)
+
+    def _parse(self, tool: dict, param: str) -> _Server:
+        label = tool.get("server_label")
+        if not isinstance(label, str) or not label or not all(
+            c.isalnum() or c in "_-" for c in label
+        ):
+            raise ProtocolError(
+                "invalid_value",
+                "server_label must be a non-empty string of letters, digits, _ and -",
+                f"{param}.server_label",
+            )
+        url = tool.get("server_url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ProtocolError(
+                "invalid_value",
+                "an mcp tool needs a server_url (http:// or https://); connectors and tunnels "
+                "are not served",
+                f"{param}.server_url",
+            )
+        if not self.policy.allows(url):
+            allowed = ", ".join(self.policy.allow) or "none: start serve with --mcp-allow PREFIX"
+            raise ProtocolError(
+                "mcp_server_not_allowed",
+                f"server_url {shown_url(url)!r} is not an MCP server this server may connect to "
+                f"(allowed prefixes: {allowed})",
+                f"{param}.server_url",
+            )
+        headers = tool.get("headers") or {}
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise ProtocolError("invalid_value", "`headers` must be an object of strings",
+                                f"{param}.headers")
+        if isinstance(tool.get("authorization"), str):
+            headers = dict(headers, Authorization=f"Bearer {tool['authorization']}")
+        approval = tool.get("require_approval")
+        if approval is None:
+            approval = "always"  # OpenAI's default: ask before data goes to a server
+        if not (approval in ("always", "never") or isinstance(approval, dict)):
+            raise ProtocolError("invalid_value",
+                                'require_approval must be "always", "never" or a filter object',
+                                f"{param}.require_approval")
+        if isinstance(approval, dict):
+            for key in ("always", "never"):
+                _names(approval.get(key), f"{param}.require_approval.{key}")
+        allowed = _names(tool.get("allowed_tools"), f"{param}.allowed_tools")
+        return _Server(label, url, dict(headers), allowed, approval, _new_id("item"))
+
+    def echo(self) -> List[dict]:
+        """The session's mcp tools as ``session.updated`` shows them (no headers)."""
+        out = []
+        for s in self.servers.values():
+            if s.active:
+                out.append({
+                    "type": "mcp", "server_label": s.label, "server_url": s.url,
+                    "allowed_tools": list(s.allowed) if s.allowed is not None else None,
+                    "require_approval": s.approval,
+                })
+        return out
+
+    def events(self) -> List[Event]:
+        """The events of the last :meth:`take` (after the session's function tools are set)."""
+        self._rename()
+        out, self._events = self._events, []
+        return out
+
+    def _run(self, job: McpJob) -> None:
+        if self.launch is not None:
+            self.launch(job)
+        else:
+            self.outbox.append(job)
+
+    # -- listing --
+
+    def _list_item(self, s: _Server) -> dict:
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema,
+             "annotations": t.annotations.model_dump(exclude_none=True) if t.annotations else None}
+            for t in s.tools
+        ]
+        return {"id": s.item_id, "object": "realtime.item", "type": "mcp_list_tools",
+                "server_label": s.label, "tools": tools}
+
+    def _list(self, s: _Server) -> None:
+        p = self.p
+        self._events += [
+            p._add_item(self._list_item(s)),
+            p._event("mcp_list_tools.in_progress", item_id=s.item_id),
+        ]
+        self._run(McpJob("list", s))
+
+    def listed(self, label: str, tools: Optional[Sequence[Any]], error: Optional[str] = None):
+        """The runner's listing of ``label``: ``(events, commands)``; the commands restart the
+        model's session with the new tools if it runs already."""
+        s = self.servers[label]
+        p = self.p
+        if error is None and s.allowed is not None:
+            tools = [t for t in tools if t.name in s.allowed]
+        if error is None:
+            others = len(p.tools) + sum(
+                len(o.tools) for o in self.servers.values() if o.active and o is not s
+            )
+            if others + len(tools) > MAX_TOOLS:
+                error = (
+                    f"the MCP server {label!r} offers {len(tools)} tools; with the session's "
+                    f"{others} others that is more than the {MAX_TOOLS} the model takes: name "
+                    "some in allowed_tools"
+                )
+        if error is not None:
+            s.status = "failed"
+            events = [
+                p._event("mcp_list_tools.failed", item_id=s.item_id),
+                p.error("mcp_list_tools_failed", error, "session.tools", type_="server_error"),
+            ]
+            return events, []
+        s.status, s.tools = "completed", list(tools)
+        self._rename()
+        events = [
+            p._event("mcp_list_tools.completed", item_id=s.item_id),
+            p._event("conversation.item.done", previous_item_id=None, item=self._list_item(s)),
+        ]
+        return events, p._restart()
+
+    def _rename(self) -> None:
+        from ..runtime.mcp import function_tool, name_tools
+
+        listed = [(s.label, s.tools) for s in self.servers.values() if s.active and s.tools]
+        named = name_tools(listed, [t["name"] for t in self.p.tools])
+        self.functions = [function_tool(n, t) for n, _, t in named]
+        self.routes = {n: (label, t.name) for n, label, t in named}
+
+    # -- calls --
+
+    def owns(self, name: str) -> bool:
+        return name in self.routes
+
+    def _needs_approval(self, s: _Server, tool: str) -> bool:
+        a = s.approval
+        if isinstance(a, str):
+            return a == "always"
+        if tool in (_names(a.get("never"), "never") or ()):
+            return False
+        return True  # "always" named, or not named in "never": asked, as OpenAI does
+
+    def _own_response(self) -> Tuple[str, Event]:
+        p = self.p
+        rid = _new_id("resp")
+        obj = self._response(rid, "in_progress", [])
+        return rid, p._event("response.created", response=obj)
+
+    def _response(self, rid: str, status: str, output: list) -> dict:
+        saved, self.p.response = self.p.response, {"id": rid}
+        try:
+            return self.p._response_object(status, output)
+        finally:
+            self.p.response = saved
+
+    def call(self, call) -> List[Event]:
+        """A call the model wrote to an MCP tool: an approval request, or the call run."""
+        label, tool = self.routes[call.name]
+        s = self.servers[label]
+        job = McpJob("call", s, call.call_id, tool, call.arguments)
+        if self._needs_approval(s, tool):
+            return self._ask(job)
+        return self._start(job)
+
+    def _ask(self, job: McpJob) -> List[Event]:
+        p = self.p
+        rid, created = self._own_response()
+        item = {"id": _new_id("item"), "object": "realtime.item", "type": "mcp_approval_request",
+                "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
+        self.approvals[item["id"]] = (job, job.call_id)
+        ref = dict(response_id=rid, output_index=0, item=item)
+        events = [created, p._event("response.output_item.added", **ref), p._add_item(item),
+                  p._event("response.output_item.done", **ref),
+                  p._event("conversation.item.done", previous_item_id=None, item=item),
+                  p._event("response.done", response=self._response(rid, "completed", [item]))]
+        p.responses_done += 1
+        return events
+
+    def _item(self, job: McpJob, **fields) -> dict:
+        item = {"id": job.item_id, "object": "realtime.item", "type": "mcp_call",
+                "server_label": job.server.label, "name": job.tool, "arguments": job.arguments,
+                "approval_request_id": job.approval_request_id, "output": None, "error": None}
+        item.update(fields)
+        return item
+
+    def _start(self, job: McpJob) -> List[Event]:
+        p = self.p
+        rid, created = self._own_response()
+        job.item_id, job.response_id = _new_id("item"), rid
+        item = self._item(job, arguments="")
+        ref = dict(response_id=rid, item_id=job.item_id, output_index=0)
+        events = [
+            created,
+            p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
+            p._add_item(item),
+            p._event("response.mcp_call_arguments.delta", delta=job.arguments, **ref),
+            p._event("response.mcp_call_arguments.done", arguments=job.arguments, **ref),
+            p._event("response.mcp_call.in_progress", item_id=job.item_id, output_index=0),
+        ]
+        self._run(job)
+        return events
+
+    def finished(self, job: McpJob, text: str, error: Optional[str], kind: str):
+        """The runner's outcome of a call: ``(events, commands)``; the command feeds the result
+        (or the error) to the model."""
+        p = self.p
+        if error is None:
+            item, done = self._item(job, output=text), "response.mcp_call.completed"
+            heard = text
+        else:
+            if kind == "tool":
+                err = {"type": "tool_execution_error", "message": error}
+            else:
+                err = {"type": "protocol_error", "code": ERROR_CODES.get(kind, -32603),
+                       "message": error}
+            item, done = self._item(job, error=err), "response.mcp_call.failed"
+            heard = json.dumps({"error": error})
+        events = [
+            p._event(done, item_id=job.item_id, output_index=0),
+            p._event("response.output_item.done", response_id=job.response_id, output_index=0,
+                     item=item),
+            p._event("conversation.item.done", previous_item_id=None, item=item),
+            p._event("response.done",
+                     response=self._response(job.response_id, "completed", [item])),
+        ]
+        p.responses_done += 1
+        return events, [ToolResult(job.call_id, heard)]
+
+    def approval(self, item: dict):
+        """A client's ``mcp_approval_response`` item: ``(events, commands)``."""
+        p = self.p
+        request = item.get("approval_request_id")
+        if not isinstance(request, str) or request not in self.approvals:
+            raise ProtocolError("invalid_value",
+                                f"approval_request_id {request!r} is not an approval request of "
+                                "this session that waits for an answer",
+                                "item.approval_request_id")
+        approve = item.get("approve")
+        if not isinstance(approve, bool):
+            raise ProtocolError("invalid_value", "`approve` must be true or false",
+                                "item.approve")
+        job, call_id = self.approvals.pop(request)
+        done = {"id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
+                "object": "realtime.item", "type": "mcp_approval_response",
+                "approval_request_id": request, "approve": approve,
+                "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
+        events = [p._add_item(done),
+                  p._event("conversation.item.done", previous_item_id=None, item=done)]
+        if not approve:
+            why = f": {done['reason']}" if done["reason"] else ""
+            refused = json.dumps({"error": f"the user did not approve the call{why}"})
+            return events, [ToolResult(call_id, refused)]
+        job.approval_request_id = request
+        return events + self._start(job), []
+
+
+class McpRunner:
+    """The connection's side: runs :class:`McpJob` objects on one ``runtime.mcp.MCPClient``
+    (its own thread and event loop) and hands the outcomes to the protocol and the driver."""
+
+    def __init__(self, conversation, policy: McpPolicy):
+        self.c = conversation
+        self.policy = policy
+        self.client = None
+        self.tasks: set = set()
+        conversation.protocol.mcp.launch = self.launch
+
+    def launch(self, job: McpJob) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _client(self):
+        if self.client is None:
+            from ..runtime.mcp import MCPClient
+
+            self.client = MCPClient(
+                timeout=self.policy.timeout,
+                max_result_chars=self.policy.max_result_chars,
+                max_response_bytes=self.policy.max_response_bytes,
+                start_timeout=self.policy.timeout,
+            )
+        return self.client
+
+    async def _run(self, job: McpJob) -> None:
+        from ..runtime.mcp import MCPError, ServerSpec
+
+        mcp = self.c.protocol.mcp
+        if job.kind == "list":
+            s = job.server
+            try:
+                spec = ServerSpec(s.label, url=s.url, headers=s.headers)
+                tools = await asyncio.wrap_future(self._client().connect(spec))
+                events, commands = mcp.listed(s.label, tools)
+            except MCPError as e:
+                events, commands = mcp.listed(s.label, None, str(e))
+        else:
+            try:
+                arguments = json.loads(job.arguments or "{}")
+                future = self._client().call(job.server.label, job.tool, arguments)
+                text, error, kind = await asyncio.wrap_future(future)
+            except (ValueError, MCPError) as e:
+                text, error, kind = "", f"the call could not run: {e}", "protocol"
+            events, commands = mcp.finished(job, text, error, kind)
+            log.info("%s: MCP call %s.%s %s", self.c.protocol.session_id, job.server.label,
+                     job.tool, "completed" if error is None else f"failed ({kind})")
+        self.c.send(events)
+        for command in commands:
+            self.c.command(command)
+
+    def close(self) -> None:
+        """Stop the calls in flight and the MCP client (on a thread: it waits for servers)."""
+        for task in list(self.tasks):
+            task.cancel()
+        if self.client is not None:
+            threading.Thread(target=self.client.close, name="mlx-voicechat-mcp-close").start()
+            self.client = None
