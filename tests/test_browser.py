@@ -91,8 +91,11 @@ class CountingBatch:
     def __getattr__(self, name):
         return getattr(self._batch, name)
 
-    def step(self):
-        out = self._batch.step()
+    def __len__(self):
+        return len(self._batch)
+
+    def step(self, *args, **kwargs):
+        out = self._batch.step(*args, **kwargs)
         self._owner.frames += sum(len(events) for events in out.values())
         return out
 
