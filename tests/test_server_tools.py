@@ -82,31 +82,8 @@ def test_a_malformed_call_is_an_error_event_and_the_session_goes_on():
 
 pytest.importorskip("fastapi")
 websockets = pytest.importorskip("websockets")
+from framework_support import Recording  # noqa: E402  (records the sessions the server opens)
 from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
-
-
-class Recording:
-    """The tiny model, recording the sessions the server opens (the test forces a call's ids
-    into the live session's function channel, as random weights never write one)."""
-
-    def __init__(self, model):
-        self.model, self.sessions = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def session_batch(self, *args, **kwargs):
-        """The server's batch, whose conversations are recorded as they open."""
-        batch = self.model.session_batch(*args, **kwargs)
-        opened = batch.open
-
-        def open_and_record(*a, **k):
-            s = opened(*a, **k)
-            self.sessions.append(s)
-            return s
-
-        batch.open = open_and_record
-        return batch
 
 
 def test_function_call_output_over_the_socket(model, worker):

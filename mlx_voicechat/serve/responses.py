@@ -173,12 +173,7 @@ class Responses:
         if self.mcp.owns(call.name):  # an MCP server's tool: serve runs it (mcp_tools.py)
             return self.mcp.call(call)
         own = not self._speaking
-        out: List[Event] = []
-        if self.response is None:
-            self.response = self._new_response()
-            out.append(
-                self._event("response.created", response=self._response_object("in_progress", []))
-            )
+        out: List[Event] = self._ensure_response()
         r = self.response
         calls = r["calls"]
         index = len(calls) + (0 if own else 1)
@@ -218,15 +213,17 @@ class Responses:
             out += self._close_response("completed")
         return out
 
+    def _ensure_response(self) -> List[Event]:
+        """Opens a response when none is open (its ``response.created``, or nothing)."""
+        if self.response is not None:
+            return []
+        self.response = self._new_response()
+        return [self._event("response.created", response=self._response_object("in_progress", []))]
+
     def _open_response(self) -> List[Event]:
         """The model starts a turn: its spoken item, in the requested response that waits for
         it or in a new one."""
-        out: List[Event] = []
-        if self.response is None:
-            self.response = self._new_response()
-            out.append(
-                self._event("response.created", response=self._response_object("in_progress", []))
-            )
+        out: List[Event] = self._ensure_response()
         r = self.response
         r["item_id"] = item_id = _new_id("item")
         self._output = Resampler(MODEL_OUTPUT_RATE, self.output_rate)

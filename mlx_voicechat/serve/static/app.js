@@ -498,17 +498,7 @@
       pc.addTrack(c.stream.getAudioTracks()[0], c.stream);
       const dc = pc.createDataChannel('oai-events');
       c.dc = dc;
-      dc.onmessage = (message) => {
-        if (conn !== c) return;
-        let event;
-        try {
-          event = JSON.parse(message.data);
-        } catch (error) {
-          showError('the server sent a message that is not JSON');
-          return;
-        }
-        onEvent(c, event);
-      };
+      dc.onmessage = (message) => onMessage(c, message);
       dc.onclose = () => {
         if (conn !== c || c.closing || !c.opened) return;
         teardown(c);
@@ -620,17 +610,7 @@
       c.opened = true;
       setState('connected', 'connected, starting the session…');
     };
-    ws.onmessage = (message) => {
-      if (conn !== c) return;
-      let event;
-      try {
-        event = JSON.parse(message.data);
-      } catch (error) {
-        showError('the server sent a message that is not JSON');
-        return;
-      }
-      onEvent(c, event);
-    };
+    ws.onmessage = (message) => onMessage(c, message);
     ws.onerror = () => {
       // The close event that follows carries the code; report there.
     };
@@ -682,6 +662,19 @@
     c.ready = true;
     c.capture.port.postMessage({ type: 'send', value: true });
     setState('connected', 'connected: talk');
+  }
+
+  // One server event, from the WebRTC data channel or the WebSocket, for connection c.
+  function onMessage(c, message) {
+    if (conn !== c) return;
+    let event;
+    try {
+      event = JSON.parse(message.data);
+    } catch (error) {
+      showError('the server sent a message that is not JSON');
+      return;
+    }
+    onEvent(c, event);
   }
 
   function onEvent(c, event) {
