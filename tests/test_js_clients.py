@@ -97,7 +97,8 @@ def run_node(script, node_modules, env, rec, worker):
     """Run tests/js/``script`` (copied next to the packages, where Node's ESM resolution finds
     them) while a thread forces a get_weather call into the session the client opens; the
     script's result."""
-    shutil.copy(JS / script, node_modules / script)
+    for name in (script, "wait.mjs"):  # the script and the helpers it imports
+        shutil.copy(JS / name, node_modules / name)
     proc = subprocess.Popen(
         ["node", str(node_modules / script)],
         cwd=node_modules,

@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { RealtimeAgent, RealtimeSession, tool } from '@openai/agents-realtime';
 import { z } from 'zod';
+import { sleep, until } from './wait.mjs';
 
 const url = process.env.VOICECHAT_URL; // ws://127.0.0.1:PORT/v1/realtime
 const apiKey = process.env.VOICECHAT_KEY;
@@ -45,15 +46,6 @@ session.on('audio_interrupted', () => {
   }
 });
 session.on('error', (e) => seen.errors.push({ session: JSON.stringify(e.error?.error ?? e.error ?? String(e)).slice(0, 300) }));
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-async function until(what, test, ms) {
-  const end = Date.now() + ms;
-  while (!test()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 let exitCode = 0;
 let feeder;

@@ -4,6 +4,7 @@
 // forces a get_weather call into the live session once audio flows. Prints one JSON line.
 import OpenAI from 'openai';
 import { OpenAIRealtimeWS } from 'openai/realtime/ws';
+import { sleep, until } from './wait.mjs';
 
 const INSTRUCTIONS = 'You are a weather assistant. Be brief.';
 const WEATHER = {
@@ -43,15 +44,6 @@ rt.on('response.function_call_arguments.done', (e) => {
   });
   rt.send({ type: 'response.create' });
 });
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-async function until(what, test, ms) {
-  const end = Date.now() + ms;
-  while (!test()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 let exitCode = 0;
 let feeder;
