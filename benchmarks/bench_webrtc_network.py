@@ -25,7 +25,6 @@ Run: python benchmarks/bench_webrtc_network.py [--seconds 10] [--loss 0 5 10] [-
 import argparse
 import asyncio
 import contextlib
-import fractions
 import json
 import random
 import sys
@@ -36,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
 from mlx_voicechat.serve.connection import Conversation  # noqa: E402
@@ -120,32 +120,11 @@ class Record:
 
 
 def noise_track(sound_seconds: float):
-    from aiortc import MediaStreamTrack
+    """The WebRTC tests' paced microphone (tests/webrtc_support.py): noise, then silence."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from webrtc_support import Noise
 
-    class Noise(MediaStreamTrack):
-        kind = "audio"
-
-        def __init__(self):
-            super().__init__()
-            self.pts, self.t0, self.rng = 0, None, np.random.default_rng(0)
-
-        async def recv(self):
-            import av
-
-            if self.t0 is None:
-                self.t0 = time.monotonic()
-            else:
-                self.pts += 960
-                await asyncio.sleep(max(0.0, self.t0 + self.pts / 48000 - time.monotonic()))
-            loud = 3000 if self.pts < sound_seconds * 48000 else 0
-            pcm = (self.rng.standard_normal(960) * loud).astype("<i2")
-            frame = av.AudioFrame(format="s16", layout="mono", samples=960)
-            frame.planes[0].update(pcm.tobytes())
-            frame.sample_rate, frame.pts = 48000, self.pts
-            frame.time_base = fractions.Fraction(1, 48000)
-            return frame
-
-    return Noise()
+    return Noise(sound=sound_seconds)
 
 
 async def one_call(url: str, seconds: float) -> dict:

@@ -4,7 +4,6 @@ tests/test_server.py, and aiortc as the client (an SDP offer with one Opus track
 ``oai-events`` data channel, as a browser or OpenAI's SDKs make it)."""
 
 import asyncio
-import fractions
 import json
 import time
 import urllib.error
@@ -18,12 +17,12 @@ aiortc = pytest.importorskip("aiortc")
 websockets = pytest.importorskip("websockets")
 
 from aiortc import (  # noqa: E402 (after the importorskip)
-    MediaStreamTrack,
     RTCConfiguration,
     RTCPeerConnection,
     RTCSessionDescription,
 )
 from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
+from webrtc_support import Noise  # noqa: E402
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
 
@@ -72,34 +71,6 @@ def mint(served, seconds=600, session=None, key=KEY):
         json.dumps(body).encode(),
         {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
-
-
-class Noise(MediaStreamTrack):
-    """A microphone: 20 ms Opus-sized frames at 48 kHz, noise for ``sound`` seconds (the model
-    hears sound), then silence, paced at real time."""
-
-    kind = "audio"
-
-    def __init__(self, sound=1.2):
-        super().__init__()
-        self.sound, self.pts, self.t0 = sound, 0, None
-        self.rng = np.random.default_rng(0)
-
-    async def recv(self):
-        import av
-
-        if self.t0 is None:
-            self.t0 = time.monotonic()
-        else:
-            self.pts += 960
-            await asyncio.sleep(max(0.0, self.t0 + self.pts / 48000 - time.monotonic()))
-        loud = 3000 if self.pts < self.sound * 48000 else 0
-        pcm = (self.rng.standard_normal(960) * loud).astype("<i2")
-        frame = av.AudioFrame(format="s16", layout="mono", samples=960)
-        frame.planes[0].update(pcm.tobytes())
-        frame.sample_rate, frame.pts = 48000, self.pts
-        frame.time_base = fractions.Fraction(1, 48000)
-        return frame
 
 
 class Client:
