@@ -173,11 +173,28 @@ def console_errors(driver) -> list:
     return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
 
 
+def client_secret(url: str, key: str) -> str:
+    """A client secret minted with the server's key, as a web app's back-end does."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + "/v1/realtime/client_secrets",
+        data=b"{}",
+        method="POST",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())["value"]
+
+
 def open_page(driver, url: str, key: str, transport: str = "websocket"):
     driver.get(url + "/")
     assert driver.title == "mlx-voicechat"
     assert page_state(driver)["state"] == "idle"
-    driver.find_element("id", "apikey").send_keys(key)
+    # The page takes a client secret, never the server's key: the test's back-end mints one.
+    secret = client_secret(url, key) if key == API_KEY else key
+    driver.find_element("id", "secret").send_keys(secret)
     # WebRTC is the page's default; its tests are tests/test_webrtc_browser.py
     driver.execute_script("document.getElementById('transport').value = arguments[0]", transport)
 
@@ -607,7 +624,9 @@ def test_page_talks_to_the_model_in_firefox(server, tmp_path):
                 assert await b.js(context, "window.voicechat.state") == "idle"
                 check_player(await b.js(context, f"({PLAYER_CHECK})()"))
                 await b.js(
-                    context, f"document.getElementById('apikey').value = {json.dumps(API_KEY)}"
+                    context,
+                    "document.getElementById('secret').value = "
+                    + json.dumps(client_secret(server.url, API_KEY)),
                 )
                 # The protocol's default rate here (Chromium sends the model's 16 kHz).
                 await b.js(context, "document.getElementById('rate').value = '24000'")

@@ -73,6 +73,15 @@ class ClientSecrets:
             self._live[found] = (expires_at, session, True)
             return dict(session)
 
+    def release(self, value: str) -> None:
+        """Give back a secret whose WebRTC call was answered but never connected (ICE, DTLS or
+        the data channel did not complete, or it was hung up first): no connection was made, so
+        the secret may admit one, e.g. the page's WebSocket fallback, until it expires."""
+        with self._lock:
+            if value in self._live:
+                expires_at, session, _ = self._live[value]
+                self._live[value] = (expires_at, session, False)
+
 
 def bearer_secret(headers, subprotocols=()) -> Optional[str]:
     """The client secret a request presents (``Authorization: Bearer ek_...`` or the

@@ -257,7 +257,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         call_id = "rtc_" + random.token_hex(12)
         server.active += 1
         call = Call(server, calls, call_id, config, request.query_params)
-        call.secret = secret
+        call.secret, call.secrets = secret, store
         calls[call_id] = call
         try:
             answer = await call.answer(sdp)

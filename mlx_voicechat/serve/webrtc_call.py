@@ -337,6 +337,8 @@ class Call:
         self.channel_open = asyncio.Event()
         self.hung_up = asyncio.Event()
         self.secret: Optional[str] = None  # the client secret that admitted it, if one did
+        self.secrets = None  # the store it came from: given back if the call never connects
+        self.started = False  # the conversation began (the call connected)
         self.task: Optional[asyncio.Task] = None
         self._closed = False
         self.pc.addTrack(self.out)
@@ -414,6 +416,7 @@ class Call:
                     ice_timeout,
                 )
                 return
+            self.started = True
             conversation = RtcConversation(self.server, self.socket, self.track, self.out)
             if self.session:
                 self.socket.message(json.dumps({"type": "session.update", "session": self.session}))
@@ -429,6 +432,8 @@ class Call:
             return
         self._closed = True
         self.calls.pop(self.id, None)
+        if not self.started and self.secret is not None and self.secrets is not None:
+            self.secrets.release(self.secret)  # no connection was made with it
         with contextlib.suppress(Exception):
             self.out.stop()
         with contextlib.suppress(Exception):

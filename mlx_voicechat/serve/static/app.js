@@ -3,13 +3,19 @@
 // WebRTC by default (POST /v1/realtime/calls: Opus both ways with the browser's own jitter
 // buffer and echo cancellation, the events on the oai-events data channel); the WebSocket
 // /v1/realtime when WebRTC fails or the server does not offer it.
+// The page never holds the server's API key: when the server has one, the page connects with a
+// short-lived client secret (ek_..., minted by a back-end with POST /v1/realtime/client_secrets),
+// typed in or given in the address's fragment (#secret=ek_..., which never reaches a server's
+// logs; the page removes it from the address bar). A server without a key needs none.
 // No build step and nothing fetched from elsewhere: this file, resampler.js and the two
 // worklets are all there is.
 (() => {
   'use strict';
 
   const FRAME_MS = 80; // one model frame
-  const WEBRTC_CONNECT_MS = 8000; // ICE, DTLS and the data channel; then the WebSocket
+  const WEBRTC_POST_MS = 8000; // the offer's POST; then the WebSocket
+  const SECRET_PREFIX = 'ek_'; // a client secret; anything else would be the server's key
+  const NEEDS_SECRET = 'this server needs a client secret (ek_...): open the page from your back-end (it adds #secret=ek_... to the address) or paste one in Settings';
   const OUTPUT_RATE = 24000; // asked of the server; the playback worklet resamples to the device
   const TIMELINE_SECONDS = 12;
   const BUSY_TEXT = 'the model is busy, try again';
@@ -43,13 +49,15 @@
     transport: null, // webrtc | websocket
     rttMs: null, // WebRTC's round-trip time (the ICE candidate pair's)
     webrtcError: null, // why WebRTC was not used, when the page fell back to the WebSocket
+    webrtcConnectMs: 8000, // ICE, DTLS and the data channel after the answer; then the WebSocket
+    secretUsed: false, // the client secret admitted a connection (it admits no other)
   };
   window.voicechat = vc;
 
   const $ = (id) => document.getElementById(id);
   const ui = {
     start: $('start'), stop: $('stop'), interrupt: $('interrupt'), status: $('status'),
-    error: $('error'), instructions: $('instructions'), apikey: $('apikey'), rate: $('rate'),
+    error: $('error'), instructions: $('instructions'), secret: $('secret'), rate: $('rate'),
     latency: $('latency'), fps: $('fps'), rtf: $('rtf'), lag: $('lag'), counts: $('counts'),
     buffer: $('buffer'), user: $('user'), assistant: $('assistant'), function: $('function'),
     canvas: $('timeline'), model: $('model'), settings: $('settings'), mode: $('mode'),
@@ -83,7 +91,7 @@
     ui.stop.disabled = !running;
     ui.interrupt.disabled = !running;
     ui.instructions.disabled = running;
-    ui.apikey.disabled = running;
+    ui.secret.disabled = running;
     ui.rate.disabled = running;
   }
 
@@ -359,10 +367,10 @@
   function describeClose(code, reason, opened) {
     if (code === 1013) return BUSY_TEXT;
     if (code === 1008 || code === 4001 || code === 4003) {
-      return reason ? `the server refused the connection: ${reason}` : 'the server refused the connection (check the API key)';
+      return reason ? `the server refused the connection: ${reason}` : 'the server refused the connection (check the client secret)';
     }
     if (code === 1006 && !opened) {
-      return 'the server refused the connection: a wrong or missing API key, this page\'s origin not allowed, or no server at this address';
+      return 'the server refused the connection: a missing, expired or used client secret, this page\'s origin not allowed, or no server at this address';
     }
     if (code === 1006) return 'the connection to the server was lost';
     if (code === 1009) return 'the server refused a message as too large';
@@ -376,6 +384,13 @@
     if (conn) return;
     clearError();
     vc.lastError = null;
+    const secret = ui.secret.value.trim();
+    if (secret && !secret.startsWith(SECRET_PREFIX)) {
+      // Never sent: the server's key does not belong in a page.
+      showError('the page refused that credential: it takes a client secret (ek_...) from your back-end, never the server\'s API key');
+      setState('error', 'not connected');
+      return;
+    }
     if (!window.isSecureContext || !navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
       showError('the microphone needs a secure page: open it at http://127.0.0.1:PORT/ or http://localhost:PORT/, or over https (serve --ssl-certfile CERT --ssl-keyfile KEY)');
       return;
@@ -400,7 +415,7 @@
       ws: null, ctx: null, stream: null, source: null, capture: null, player: null,
       playerStats: null, ready: false, micStart: null, firstAudio: false,
       receivedTimes: [], openedAt: performance.now(), serverFps: false,
-      responses: new Map(), functionCalls: new Map(), closing: false,
+      responses: new Map(), functionCalls: new Map(), closing: false, secret,
     };
     conn = c;
     const inputRate = Number(ui.rate.value) || 24000;
@@ -485,9 +500,19 @@
     });
   }
 
-  function authHeaders() {
-    const key = ui.apikey.value.trim();
-    return key ? { Authorization: `Bearer ${key}` } : {};
+  function authHeaders(c) {
+    return c.secret ? { Authorization: `Bearer ${c.secret}` } : {};
+  }
+
+  // The client secret admitted a connection: it admits no other, so the box is emptied.
+  function secretSpent(c) {
+    if (!c.secret) return;
+    vc.secretUsed = true;
+    if (ui.secret.value.trim() === c.secret) ui.secret.value = '';
+  }
+
+  function refusedText(c, message) {
+    return c.secret ? `the server refused the connection: ${message}` : NEEDS_SECRET;
   }
 
   async function connectWebRTC(c) {
@@ -511,25 +536,39 @@
         c.audio.srcObject = event.streams[0] || new MediaStream([event.track]);
         c.audio.play().catch(() => {});
       };
+      let timedOut = null;
       const opened = new Promise((resolve, reject) => {
         dc.addEventListener('open', resolve);
-        c.connectTimer = setTimeout(() => reject(new Error('the connection did not complete')), WEBRTC_CONNECT_MS);
+        timedOut = reject;
       });
+      opened.catch(() => {}); // awaited below; a timeout before then is no unhandled rejection
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc, 2000);
       const url = new URL('/v1/realtime/calls', location.href);
       url.searchParams.set('x-voicechat', '1');  // the server's stats events
-      const r = await fetch(url.href, {
-        method: 'POST',
-        body: pc.localDescription.sdp,
-        headers: { 'Content-Type': 'application/sdp', ...authHeaders() },
-      });
+      const abort = new AbortController();
+      const postTimer = setTimeout(() => abort.abort(), WEBRTC_POST_MS);
+      let r;
+      try {
+        r = await fetch(url.href, {
+          method: 'POST',
+          body: pc.localDescription.sdp,
+          headers: { 'Content-Type': 'application/sdp', ...authHeaders(c) },
+          signal: abort.signal,
+        });
+      } finally {
+        clearTimeout(postTimer);
+      }
       if (conn !== c) return;
       if (!r.ok) {
         let body = {};
         try { body = await r.json(); } catch (error) { /* not JSON */ }
         const message = (body.error && body.error.message) || `HTTP ${r.status}`;
-        if (r.status === 401 || r.status === 403) {
+        if (r.status === 401) {
+          fail(refusedText(c, message));
+          return;
+        }
+        if (r.status === 403) {
           fail(`the server refused the connection: ${message}`);
           return;
         }
@@ -542,18 +581,23 @@
         throw new Error(message);
       }
       c.callUrl = new URL(r.headers.get('location') || '', location.href).href;
-      await pc.setRemoteDescription({ type: 'answer', sdp: await r.text() });
+      const answer = await r.text();
+      c.connectTimer = setTimeout(() => timedOut(new Error('the connection did not complete')), vc.webrtcConnectMs);
+      await pc.setRemoteDescription({ type: 'answer', sdp: answer });
       await opened;
       clearTimeout(c.connectTimer);
       if (conn !== c) return;
       c.opened = true;
+      secretSpent(c);
       setState('connected', 'connected, starting the session…');
       c.statsTimer = setInterval(() => pollStats(c), 1000);
     } catch (error) {
       if (conn !== c) return;
-      // WebRTC failed or is not offered: the WebSocket carries the conversation instead.
+      // WebRTC failed or is not offered: the WebSocket carries the conversation instead. The
+      // hangup goes first: a call that never connected gives its client secret back.
       vc.webrtcError = error && error.message ? error.message : String(error);
-      closePeer(c, true);
+      await closePeer(c, true);
+      if (conn !== c) return;
       connect(c);
     }
   }
@@ -573,12 +617,15 @@
     });
   }
 
+  // Close the call; with hangup, tell the server (resolves once it answered, at most 2 s).
   function closePeer(c, hangup) {
     clearTimeout(c.connectTimer);
     clearInterval(c.statsTimer);
+    let done = Promise.resolve();
     if (hangup && c.callUrl) {
       // The server would hold the call's slot until its own connect timeout: give it back now.
-      fetch(`${c.callUrl}/hangup`, { method: 'POST', headers: authHeaders() }).catch(() => {});
+      const told = fetch(`${c.callUrl}/hangup`, { method: 'POST', headers: authHeaders(c) }).catch(() => {});
+      done = Promise.race([told, new Promise((resolve) => setTimeout(resolve, 2000))]);
     }
     if (c.dc) { c.dc.onclose = null; c.dc.onmessage = null; try { c.dc.close(); } catch (e) { /* closed */ } }
     if (c.pc) try { c.pc.close(); } catch (e) { /* closed */ }
@@ -586,6 +633,7 @@
     c.dc = null;
     c.pc = null;
     c.callUrl = null;
+    return done;
   }
 
   function connect(c) {
@@ -594,9 +642,8 @@
     const url = new URL(`${scheme}://${location.host}/v1/realtime`);
     if (modelId) url.searchParams.set('model', modelId);
     url.searchParams.set('x-voicechat', '1');  // the server's stats events (lag, real-time factor)
-    const key = ui.apikey.value.trim();
-    // Browsers cannot set headers: the key travels as a subprotocol, as OpenAI's clients do.
-    const protocols = key ? ['realtime', `openai-insecure-api-key.${key}`] : undefined;
+    // Browsers cannot set headers: the secret travels as a subprotocol, as OpenAI's clients do.
+    const protocols = c.secret ? ['realtime', `openai-insecure-api-key.${c.secret}`] : undefined;
     let ws;
     try {
       ws = protocols ? new WebSocket(url.href, protocols) : new WebSocket(url.href);
@@ -608,6 +655,7 @@
     ws.onopen = () => {
       if (conn !== c) return;
       c.opened = true;
+      secretSpent(c);
       setState('connected', 'connected, starting the session…');
     };
     ws.onmessage = (message) => onMessage(c, message);
@@ -622,7 +670,8 @@
         setState('closed', 'stopped');
         return;
       }
-      const text = describeClose(event.code, event.reason, c.opened);
+      let text = describeClose(event.code, event.reason, c.opened);
+      if (!c.secret && event.code === 1008) text = NEEDS_SECRET;
       teardown(c);
       if (event.code === 1013) {
         setState('busy', BUSY_TEXT);
@@ -881,6 +930,19 @@
   ui.interrupt.addEventListener('click', interrupt);
   window.addEventListener('pagehide', stop);
   window.addEventListener('error', (event) => showError(`page error: ${event.message}`));
+
+  // A client secret in the address's fragment (#secret=ek_...; a fragment is never sent to a
+  // server): into the box, and out of the address bar (not kept in history or bookmarks).
+  function secretFromAddress() {
+    const fragment = new URLSearchParams(location.hash.replace(/^#/, ''));
+    if (!fragment.get('secret')) return;
+    ui.secret.value = fragment.get('secret');
+    fragment.delete('secret');
+    const rest = fragment.toString();
+    history.replaceState(null, '', `${location.pathname}${location.search}${rest ? `#${rest}` : ''}`);
+  }
+  secretFromAddress();
+  window.addEventListener('hashchange', secretFromAddress);
 
   const saved = (() => { try { return localStorage.getItem('voicechat.instructions'); } catch (e) { return null; } })();
   if (saved) ui.instructions.value = saved;
