@@ -28,7 +28,10 @@ in them; and mouth-to-ear: for each input frame whose step gave audio, from the 
 sample leaving the client (the RTP packet handed to the encoder; the WebSocket append written
 to its socket) to the first of that frame's output audio reaching the client (the RTP packet
 decoded, with a live jitter buffer: no playout delay; the audio delta read off the socket),
-p50 / p95 / max. Client and server share the clock (one process).
+p50 / p95 / max. The WebRTC track is paced at real time by the server, so its audio arrives
+as it is to be played; the WebSocket's deltas come as fast as the server steps, so for it also
+"plays": each frame at the later of its arrival and the end of the frame before (a player that
+never drops, with no start buffer). Client and server share the clock (one process).
 
 Run: python benchmarks/bench_webrtc_network.py [--seconds 10] [--loss 0 5 10] [--jitter-ms 30]
 """
@@ -37,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -371,17 +375,26 @@ async def ws_call(url: str, seconds: float, loss: float, jitter: float, record: 
         await asyncio.sleep(1.0)
         reader.cancel()
     await network.stop()
-    ear = []
+    # A WebRTC track is paced at real time by its sender; deltas come as fast as the server
+    # steps, so a burst waits in the client's player: each frame plays at the later of its
+    # arrival and the end of the frame before it (a player that never drops, no start buffer).
+    played, before = {}, None
+    for k in sorted(heard):
+        played[k] = heard[k] if before is None or before[0] != k - 1 else max(heard[k], before[1])
+        before = (k, played[k] + 0.08)
+    ear, ear_played = [], []
     for k, at in heard.items():
         sent = left.get((record.needed(k) - 1) // 1280)
         if sent is not None:
             ear.append(at - sent)
+            ear_played.append(played[k] - sent)
     return {
         "sent": count,
         "segments": network.segments,
         "lost": network.lost,
         "held": network.held,
         "ear": ear,
+        "ear_played": ear_played,
     }
 
 
@@ -404,6 +417,7 @@ def main():
     jitter = args.jitter_ms / 1000
     conditions = [(0.0, 0.0)] + [(loss / 100, jitter) for loss in args.loss]  # loopback first
     print(f"tiny checkpoint, {args.seconds:g} s per call; mouth-to-ear p50/p95/max in seconds")
+    load = os.getloadavg()[0]
 
     def wait_free():
         deadline = time.monotonic() + 30
@@ -415,44 +429,50 @@ def main():
         late = int((d > LATE_SECONDS).sum())
         return f"{len(record.delays):6d} {late:5d}  {percentiles(record.delays)}"
 
+    webrtc_rows, ws_rows = [], []
     with ServerThread(app) as server:
         asyncio.run(one_call(server.url, 2.0, record))  # a warm-up call, not counted
         wait_free()
-        print("WebRTC (RTP/UDP, loss and jitter on each packet):")
-        print(
-            "loss% jit(ms)  sent  lost | frames  late  delay p50/p95/max (s)"
-            " | concealed dropped clock (s) | rx frames gaps max_gap(s) errors | mouth-to-ear (n)"
-        )
+        # Each condition: a WebRTC call, then the WebSocket, so that both meet the same load.
         for loss, jit in conditions:
+            head = f"{loss * 100:5g} {jit * 1000:7g}"
             impairment.loss, impairment.jitter = loss, jit
             impairment.sent = impairment.lost = 0
             record.reset()
             client = asyncio.run(one_call(server.url, args.seconds, record))
             wait_free()
             concealed, dropped, clock = record.totals or (0.0, 0.0, 0.0)
-            print(
-                f"{loss * 100:5g} {jit * 1000:7g} {impairment.sent:5d} {impairment.lost:5d} |"
+            webrtc_rows.append(
+                f"{head} {impairment.sent:5d} {impairment.lost:5d} |"
                 f" {server_side()} | {concealed:9.2f} {dropped:7.2f} {clock:5.2f}"
                 f" | {client['received']:9d} {client['gaps']:4d} {client['max_gap']:10.3f}"
                 f" {client['errors']:6d} | {percentiles(client['ear'])} ({len(client['ear'])})"
             )
-        impairment.loss = impairment.jitter = 0.0
-        print(
-            "WebSocket (TCP through a proxy simulating the loss and jitter per segment: in"
-            f" order, a loss delivered after the {RTO_SECONDS * 1000:g} ms minimum RTO):"
-        )
-        print(
-            "loss% jit(ms) segments lost held | frames  late  delay p50/p95/max (s)"
-            " | mouth-to-ear (n)"
-        )
-        for loss, jit in conditions:
+            impairment.loss = impairment.jitter = 0.0
             record.reset()
             r = asyncio.run(ws_call(server.url, args.seconds, loss, jit, record))
             wait_free()
-            print(
-                f"{loss * 100:5g} {jit * 1000:7g} {r['segments']:8d} {r['lost']:4d} {r['held']:4d}"
-                f" | {server_side()} | {percentiles(r['ear'])} ({len(r['ear'])})"
+            ws_rows.append(
+                f"{head} {r['segments']:8d} {r['lost']:4d} {r['held']:4d}"
+                f" | {server_side()} | {percentiles(r['ear'])} | {percentiles(r['ear_played'])}"
+                f" ({len(r['ear'])})"
             )
+    print(f"load average (1 min): {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print("WebRTC (RTP/UDP, loss and jitter on each packet):")
+    print(
+        "loss% jit(ms)  sent  lost | frames  late  delay p50/p95/max (s)"
+        " | concealed dropped clock (s) | rx frames gaps max_gap(s) errors | mouth-to-ear (n)"
+    )
+    print("\n".join(webrtc_rows))
+    print(
+        "WebSocket (TCP through a proxy simulating the loss and jitter per segment: in"
+        f" order, a loss delivered after the {RTO_SECONDS * 1000:g} ms minimum RTO):"
+    )
+    print(
+        "loss% jit(ms) segments lost held | frames  late  delay p50/p95/max (s)"
+        " | mouth-to-ear: arrives | plays (n)"
+    )
+    print("\n".join(ws_rows))
 
 
 if __name__ == "__main__":
