@@ -409,6 +409,7 @@
       framesSent: 0, framesReceived: 0, framesPlayed: 0, framesDropped: 0, underruns: 0,
       toolCalls: [], latencyMs: null, fps: null, rtf: null, lagMs: null, serverFrames: null, speaking: false,
       closeCode: null, sessionId: null, transport: null, rttMs: null, webrtcError: null,
+      secretUsed: false,
     });
     timeline.columns = [];
     const c = {
