@@ -19,7 +19,8 @@ from pydantic import TypeAdapter  # noqa: E402
 
 from mlx_voicechat.runtime.tools import ToolCall  # noqa: E402
 from mlx_voicechat.serve.mcp_tools import McpPolicy  # noqa: E402
-from mlx_voicechat.serve.protocol import Realtime, Start, ToolResult  # noqa: E402
+from mlx_voicechat.serve.protocol import Realtime  # noqa: E402
+from mlx_voicechat.serve.wire import Start, ToolResult  # noqa: E402
 
 URL = "http://127.0.0.1:8123/mcp"
 ADD = Tool(name="add", description="Add two integers.",

@@ -237,7 +237,7 @@ class McpTools:
     def _list(self, s: _Server) -> None:
         p = self.p
         self._events += [
-            p._add_item(self._list_item(s)),
+            p.responses.add_item(self._list_item(s)),
             p._event("mcp_list_tools.in_progress", item_id=s.item_id),
         ]
         self._run(McpJob("list", s))
@@ -302,11 +302,7 @@ class McpTools:
         return rid, p._event("response.created", response=obj)
 
     def _response(self, rid: str, status: str, output: list) -> dict:
-        saved, self.p.response = self.p.response, {"id": rid}
-        try:
-            return self.p._response_object(status, output)
-        finally:
-            self.p.response = saved
+        return self.p.responses.response_object(status, output, r={"id": rid})
 
     def call(self, call) -> List[Event]:
         """A call the model wrote to an MCP tool: an approval request, or the call run."""
@@ -324,11 +320,11 @@ class McpTools:
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
         self.approvals[item["id"]] = (job, job.call_id)
         ref = dict(response_id=rid, output_index=0, item=item)
-        events = [created, p._event("response.output_item.added", **ref), p._add_item(item),
-                  p._event("response.output_item.done", **ref),
+        events = [created, p._event("response.output_item.added", **ref),
+                  p.responses.add_item(item), p._event("response.output_item.done", **ref),
                   p._event("conversation.item.done", previous_item_id=None, item=item),
                   p._event("response.done", response=self._response(rid, "completed", [item]))]
-        p.responses_done += 1
+        p.responses.responses_done += 1
         return events
 
     def _item(self, job: McpJob, **fields) -> dict:
@@ -347,7 +343,7 @@ class McpTools:
         events = [
             created,
             p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-            p._add_item(item),
+            p.responses.add_item(item),
             p._event("response.mcp_call_arguments.delta", delta=job.arguments, **ref),
             p._event("response.mcp_call_arguments.done", arguments=job.arguments, **ref),
             p._event("response.mcp_call.in_progress", item_id=job.item_id, output_index=0),
@@ -378,7 +374,7 @@ class McpTools:
             p._event("response.done",
                      response=self._response(job.response_id, "completed", [item])),
         ]
-        p.responses_done += 1
+        p.responses.responses_done += 1
         return events, [ToolResult(job.call_id, heard)]
 
     def approval(self, item: dict):
@@ -399,7 +395,7 @@ class McpTools:
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
                 "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
-        events = [p._add_item(done),
+        events = [p.responses.add_item(done),
                   p._event("conversation.item.done", previous_item_id=None, item=done)]
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict, deque
-from typing import Dict, List, Optional, Tuple
+from collections import OrderedDict
+from typing import List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
 from ..runtime.tools import ToolError, normalize_tools
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
-from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)
+from .wire import (
     DEFAULT_RATE,
     INPUT_RATES,
     MAX_EVENT_BYTES,
     MODEL_INPUT_RATE,
-    MODEL_OUTPUT_RATE,
     OUTPUT_RATES,
-    PCM16_SCALE,
-    VOICES,
     Append,
     Cancel,
     Clear,
@@ -44,16 +41,11 @@ from .wire import (  # noqa: F401  (re-exported: the transport and the tests imp
     ToolResult,
     _new_id,
     decode_pcm16,
-    encode_pcm16,
     not_utf8,
     utf8,
 )
 
 log = logging.getLogger("mlx_voicechat.serve")
-
-# --- the state machine --------------------------------------------------------------------
-
-
 
 # Client event names this server acts on; other known names are answered as unsupported.
 _UNSUPPORTED = {
@@ -62,8 +54,9 @@ _UNSUPPORTED = {
 NOTE_ROLES = ("system", "developer")  # text messages that join the instructions
 
 
-class Realtime(Responses, EventSource):
-    """One connection's protocol state. Not thread-safe; the transport owns it.
+class Realtime(EventSource):
+    """One connection's protocol state: the session's choices here, its conversation in
+    :attr:`responses` (:class:`~.responses.Responses`). Not thread-safe; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``frames(frame_events)`` -> events."""
 
@@ -82,34 +75,62 @@ class Realtime(Responses, EventSource):
         self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
         self.session_id = _new_id("sess")
-        self.conversation_id = _new_id("conv")
         self.instructions: Optional[str] = None
         self.notes: List[str] = []  # system / developer text messages: they join the instructions
         self.tools: List[dict] = []
         self.opened_with: Optional[tuple] = None  # (prompt, tools) the model's session runs
-        self._calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
         self.voice = voice
         self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
         self.transcription = True
         self.turn_detection: Optional[dict] = None  # None: no speech events (serve/speech.py)
         self.started = False  # the first audio arrived: the session is immutable from here on
-        self.frames_seen = 0
-        self.responses_done = 0
         self._input: Optional[Resampler] = None
-        # the open assistant response
-        self.response: Optional[dict] = None
-        self._output: Optional[Resampler] = None
-        self._last_item: Optional[str] = None
-        self._assistant_items: Dict[str, int] = {}  # item id -> audio ms sent
-        self.items: "OrderedDict[str, dict]" = OrderedDict()  # the conversation, for retrieve
-        self._item_sizes: Dict[str, int] = {}  # item id -> characters of its JSON
-        self._item_chars = 0
-        self._requests: deque = deque()  # the metadata of response.create requests that wait
-        # the open user item (RNNT transcript of the user's words)
-        self._user_item: Optional[str] = None
-        self._user_text: List[str] = []
-        self._user_frames = 0
+        self.responses = Responses(self)
+
+    # -- the conversation (serve/responses.py) --
+
+    def frames(self, frame_events) -> List[Event]:
+        """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
+        return self.responses.frames(frame_events)
+
+    def restarted(self) -> List[Event]:
+        return self.responses.restarted()
+
+    def commit_done(self) -> List[Event]:
+        return self.responses.commit_done()
+
+    @property
+    def response(self) -> Optional[dict]:
+        return self.responses.response
+
+    @property
+    def responses_done(self) -> int:
+        return self.responses.responses_done
+
+    @property
+    def items(self) -> "OrderedDict[str, dict]":
+        return self.responses.items
+
+    @property
+    def _item_chars(self) -> int:
+        return self.responses.item_chars
+
+    def tool_injection(self, call_id: str, frames: int) -> List[Event]:
+        """A vendor event: the result of ``call_id`` is being fed to the model, one token per
+        frame, for ``frames`` frames (nothing is spoken meanwhile). Only for a client that
+        asked for ``x-voicechat`` events."""
+        if not self.extensions:
+            return []
+        return [self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)]
+
+    def stats(self, **fields) -> List[Event]:
+        """A vendor event with the transport's figures (lag, frames, real-time factor). Only
+        for a client that asked for ``x-voicechat`` events."""
+        if not self.extensions:
+            return []
+        frames = self.responses.frames_seen
+        return [self._event("x-voicechat.stats", frames=frames, **fields)]
 
     # -- helpers --
 
@@ -328,15 +349,12 @@ class Realtime(Responses, EventSource):
             raise ProtocolError(
                 "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
             )
-        events = []
-        item = self._user_item
-        if item is None:
-            events += self._open_user_item()
-            item = self._user_item
+        c, events = self.responses, []
+        if c.user_item is None:
+            events += c.open_user_item()
+        item = c.user_item
         events.append(
-            self._event(
-                "input_audio_buffer.committed", item_id=item, previous_item_id=self._prev(item)
-            )
+            self._event("input_audio_buffer.committed", item_id=item, previous_item_id=c.prev(item))
         )
         return events, [Commit()]
 
@@ -359,14 +377,14 @@ class Realtime(Responses, EventSource):
         if r.get("conversation") == "none":
             # an out-of-band response: nothing in the conversation changes, and this model
             # writes nothing outside its conversation
-            return self._empty_response(metadata), []
-        if len(self._requests) >= MAX_REQUESTS:
+            return self.responses.empty_response(metadata), []
+        if len(self.responses.requests) >= MAX_REQUESTS:
             raise ProtocolError(
                 "conversation_already_has_active_response",
                 f"{MAX_REQUESTS} requested responses already wait for the model",
             )
-        self._requests.append(metadata)
-        return self._next_request(), []
+        self.responses.requests.append(metadata)
+        return self.responses.next_request(), []
 
     def _response_cancel(self, event: dict):
         if self.response is None:
@@ -380,7 +398,7 @@ class Realtime(Responses, EventSource):
                 f"response {wanted!r} is not the response in progress",
                 "response_id",
             )
-        return self._close_response("cancelled"), [Cancel()]
+        return self.responses.close_response("cancelled"), [Cancel()]
 
     def _item_create(self, event: dict):
         item = event.get("item")
@@ -435,7 +453,7 @@ class Realtime(Responses, EventSource):
         item_id = given if isinstance(given, str) and 0 < len(given) <= 64 else _new_id("item")
         done = {k: v for k, v in item.items() if k not in ("id", "object", "status")}
         done.update(id=item_id, object="realtime.item", type=kind, status="completed", **fields)
-        return [self._add_item(done), self._item_done(done)]
+        return [self.responses.add_item(done), self.responses.item_done(done)]
 
     def _item_retrieve(self, event: dict):
         item_id = event.get("item_id")
@@ -454,8 +472,7 @@ class Realtime(Responses, EventSource):
             raise ProtocolError(
                 "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
             )
-        del self.items[item_id]
-        self._item_chars -= self._item_sizes.pop(item_id)
+        self.responses.forget(item_id)
         return [self._event("conversation.item.deleted", item_id=item_id)], []
 
     def _output_clear(self, event: dict):
@@ -465,7 +482,7 @@ class Realtime(Responses, EventSource):
 
     def _tool_output(self, item: dict):
         call_id, output = item.get("call_id"), item.get("output")
-        if not isinstance(call_id, str) or call_id not in self._calls:
+        if not isinstance(call_id, str) or call_id not in self.responses.calls:
             raise ProtocolError(
                 "invalid_value",
                 f"call_id {call_id!r} is not a function call of this session that waits for "
@@ -474,7 +491,7 @@ class Realtime(Responses, EventSource):
             )
         if not isinstance(output, str):
             raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
-        del self._calls[call_id]
+        del self.responses.calls[call_id]
         done = {
             "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
             "object": "realtime.item",
@@ -483,22 +500,23 @@ class Realtime(Responses, EventSource):
             "output": output,
             "status": "completed",
         }
-        events = [self._add_item(done), self._item_done(done)]
+        events = [self.responses.add_item(done), self.responses.item_done(done)]
         return events, [ToolResult(call_id, output)]
 
     def _item_truncate(self, event: dict):
         item_id = event.get("item_id")
-        if not isinstance(item_id, str) or item_id not in self._assistant_items:
+        sent = self.responses.assistant_items
+        if not isinstance(item_id, str) or item_id not in sent:
             raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
         end_ms = event.get("audio_end_ms")
         if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
             raise ProtocolError(
                 "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
             )
-        if end_ms > self._assistant_items[item_id]:
+        if end_ms > sent[item_id]:
             raise ProtocolError(
                 "invalid_value",
-                f"audio_end_ms {end_ms} is past the {self._assistant_items[item_id]} ms sent",
+                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
                 "audio_end_ms",
             )
         # The model already heard itself say it; the client's playback position is recorded only.

@@ -36,13 +36,14 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 import ray
 from ray import serve
 from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
 
 from .ray_proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from .settings import ServerSettings, model_id_of
 
 APP_NAME = "mlx-voicechat"
 BOARD = "sessions"
@@ -101,22 +102,16 @@ def _load(model: str, tokenizer: Optional[str]):
 class VoiceChatReplica:
     """One replica: one model and the Realtime app of ``serve`` around it."""
 
-    async def __init__(
-        self,
-        model: str,
-        *,
-        max_sessions: int = 1,
-        tokenizer: Optional[str] = None,
-        model_id: Optional[str] = None,
-        app_options: Optional[dict] = None,
-    ):
+    async def __init__(self, model: str, settings: ServerSettings, tokenizer: Optional[str] = None):
         from .worker import Worker
 
         self.name = serve.get_replica_context().replica_id.unique_id
         self.node = ray.util.get_node_ip_address()
-        self.max_sessions = int(max_sessions)
-        self.model_id = model_id or default_model_id(model)
-        self.app_options = dict(app_options or {})
+        self.settings = settings.replace(
+            vendor={"replica": self.name, "node": self.node},
+            metrics="ray",
+            metric_tags={"replica": self.name},
+        )
         self.server = None
         self.error: Optional[str] = None
         try:
@@ -131,16 +126,7 @@ class VoiceChatReplica:
             return self._unavailable_app()
         from .app import create_app
 
-        app = create_app(
-            self.model,
-            max_sessions=self.max_sessions,
-            model_id=self.model_id,
-            vendor={"replica": self.name, "node": self.node},
-            health_extra=self.deployment_health,
-            metrics="ray",
-            metric_tags={"replica": self.name},
-            **self.app_options,
-        )
+        app = create_app(self.model, self.settings, health_extra=self.deployment_health)
         self.server = app.state.server
         return app
 
@@ -156,7 +142,7 @@ class VoiceChatReplica:
             "pid": os.getpid(),
             "status": status,
             "sessions": server.active if server is not None else 0,
-            "max_sessions": self.max_sessions,
+            "max_sessions": self.settings.max_sessions,
             "sessions_served": server.sessions_served if server is not None else 0,
         }
         if self.error:
@@ -234,14 +220,14 @@ class VoiceChatReplica:
 
         @app.get("/health")
         async def health():
-            body = {"status": "error", "model": self.model_id, "error": self.error}
+            body = {"status": "error", "model": self.settings.model_id, "error": self.error}
             body.update(await self.deployment_health())
             return JSONResponse(body, status_code=503)
 
         @app.websocket("/v1/realtime")
         async def realtime(websocket: WebSocket):
             await websocket.accept()
-            event = Realtime(self.model_id).error(
+            event = Realtime(self.settings.model_id).error(
                 "model_unavailable",
                 "the model failed to load on this replica (see /health); try again later",
                 type_="server_error",
@@ -255,11 +241,6 @@ class VoiceChatReplica:
             return PlainTextResponse(self.error, status_code=503)
 
         return app
-
-
-def default_model_id(model: str) -> str:
-    """The id ``serve`` gives a model: its folder's name, or the hub id."""
-    return os.path.basename(os.path.normpath(str(model))) or str(model)
 
 
 def deployment_options(
@@ -318,36 +299,30 @@ def deployment_options(
 
 def realtime_app(
     model: str,
+    settings: Optional[ServerSettings] = None,
     *,
-    max_sessions: int = 1,
     replicas: Optional[int] = None,
     min_replicas: Optional[int] = None,
     max_replicas: Optional[int] = None,
     ray_actor_options: Optional[dict] = None,
     tokenizer: Optional[str] = None,
-    model_id: Optional[str] = None,
-    api_key: Optional[str] = None,
-    allow_origins: Iterable[str] = (),
-    **app_options,
+    **changes,
 ):
     """The Ray Serve application (``serve.run(realtime_app(...))``): replicas of the app
-    ``serve`` runs around ``model``; ``app_options`` are more keyword arguments of
-    :func:`.app.create_app` (``silence_feed``, ``max_lag_seconds``, ``seed``, ...)."""
+    ``serve`` runs around ``model``, each with ``settings`` (:class:`~.settings.ServerSettings`,
+    default ones, its ``model_id`` the model's name) and ``changes`` (settings by name:
+    ``max_sessions``, ``silence_feed``, ...)."""
+    if changes.get("model_id") is None:
+        changes.pop("model_id", None)
+    settings = (settings or ServerSettings(model_id=model_id_of(model))).replace(**changes)
     options = deployment_options(
-        max_sessions=max_sessions,
+        max_sessions=settings.max_sessions,
         replicas=replicas,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         ray_actor_options=ray_actor_options,
     )
-    app_options.update(api_key=api_key or None, allow_origins=list(allow_origins))
-    return VoiceChatReplica.options(**options).bind(
-        str(model),
-        max_sessions=max_sessions,
-        tokenizer=tokenizer,
-        model_id=model_id,
-        app_options=app_options,
-    )
+    return VoiceChatReplica.options(**options).bind(str(model), settings, tokenizer)
 
 
 _BUILDER_ARGS = {

@@ -14,8 +14,13 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
-MODEL_OUTPUT_RATE = 22050  # Hz, what the session speaks at
+from ..config.voicechat import VoiceChatConfig
+
+# The session's rates and frame, as the model's config defines them
+MODEL_INPUT_RATE = VoiceChatConfig.input_sample_rate  # Hz, what the session listens at
+MODEL_OUTPUT_RATE = VoiceChatConfig.output_sample_rate  # Hz, what the session speaks at
+FRAME_SECONDS = VoiceChatConfig.frame_duration
+SAMPLES_PER_FRAME = round(FRAME_SECONDS * MODEL_INPUT_RATE)  # the session's input frame
 DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
 INPUT_RATES = (24000, 16000)
 OUTPUT_RATES = (24000, 22050)
@@ -188,6 +193,26 @@ class EventSource:
 
     def _event(self, type_: str, **fields) -> Event:
         return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
+
+    def transcript_delta(self, item_id: str, delta: str) -> Event:
+        """Words of the user's item ``item_id``, as the recognizer has them."""
+        return self._event(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=item_id,
+            content_index=0,
+            delta=delta,
+        )
+
+    def transcript_completed(self, item_id: str, text: str, seconds: float, **more) -> Event:
+        """The whole transcript of the user's item ``item_id`` (``seconds`` of audio)."""
+        return self._event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item_id,
+            content_index=0,
+            transcript=text,
+            usage={"type": "duration", "seconds": seconds},
+            **more,
+        )
 
     def error(
         self,
