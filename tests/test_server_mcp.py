@@ -167,7 +167,7 @@ def test_runner_turns_every_failure_into_a_failed_call_the_model_hears():
     import sys
     from pathlib import Path
 
-    from mlx_voicechat.serve.mcp_tools import McpRunner
+    from mlx_voicechat.serve.mcp_runner import McpRunner
 
     server = Path(__file__).with_name("mcp_server.py")
     proc = subprocess.Popen([sys.executable, str(server), "http", "--only", "hang,fail,big,die"],

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
-from .mcp_tools import McpRunner
+from .mcp_runner import McpRunner
 from .protocol import Realtime
 from .server import Server
 from .speech import SpeechEvents
@@ -255,7 +255,7 @@ class Conversation(Channel):
         the audio (what the model heard before is not in it), and the old one closes."""
         if await self._prompt_too_long(c):
             return
-        self.send(self.protocol.restarted())
+        self.send(self.protocol.responses.restarted())
         old = self.session
 
         def reopen():  # on the worker
@@ -296,7 +296,7 @@ class Conversation(Channel):
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
         self.server.metrics.tool_call("answered")
-        self.send(self.protocol.tool_injection(c.call_id, frames))
+        self.send(self.protocol.responses.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
         return any(isinstance(c, Append) and not c.silence for c in self.inbox)

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from typing import List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
-from ..runtime.tools import ToolError, normalize_tools
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
 from .wire import (
@@ -38,10 +36,12 @@ from .wire import (
     ProtocolError,
     Resampler,
     Start,
-    ToolResult,
     _new_id,
     decode_pcm16,
+    format_rate,
+    modalities_of,
     not_utf8,
+    tools_of,
     utf8,
 )
 
@@ -88,49 +88,25 @@ class Realtime(EventSource):
         self._input: Optional[Resampler] = None
         self.responses = Responses(self)
 
-    # -- the conversation (serve/responses.py) --
+    # -- the conversation (serve/responses.py), as the transport and the tests read it --
 
     def frames(self, frame_events) -> List[Event]:
         """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
         return self.responses.frames(frame_events)
 
-    def restarted(self) -> List[Event]:
-        return self.responses.restarted()
-
     def commit_done(self) -> List[Event]:
         return self.responses.commit_done()
 
-    @property
-    def response(self) -> Optional[dict]:
-        return self.responses.response
-
-    @property
-    def responses_done(self) -> int:
-        return self.responses.responses_done
-
-    @property
-    def items(self) -> "OrderedDict[str, dict]":
-        return self.responses.items
-
-    @property
-    def _item_chars(self) -> int:
-        return self.responses.item_chars
+    def stats(self, **fields) -> List[Event]:
+        return self.responses.stats(**fields)
 
     def tool_injection(self, call_id: str, frames: int) -> List[Event]:
-        """A vendor event: the result of ``call_id`` is being fed to the model, one token per
-        frame, for ``frames`` frames (nothing is spoken meanwhile). Only for a client that
-        asked for ``x-voicechat`` events."""
-        if not self.extensions:
-            return []
-        return [self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)]
+        return self.responses.tool_injection(call_id, frames)
 
-    def stats(self, **fields) -> List[Event]:
-        """A vendor event with the transport's figures (lag, frames, real-time factor). Only
-        for a client that asked for ``x-voicechat`` events."""
-        if not self.extensions:
-            return []
-        frames = self.responses.frames_seen
-        return [self._event("x-voicechat.stats", frames=frames, **fields)]
+    response = property(lambda self: self.responses.response)
+    responses_done = property(lambda self: self.responses.responses_done)
+    items = property(lambda self: self.responses.record.items)
+    _item_chars = property(lambda self: self.responses.record.chars)
 
     # -- helpers --
 
@@ -270,18 +246,18 @@ class Realtime(EventSource):
         # cannot grant: it has one voice, which session.updated reports.
         field(
             "input_rate",
-            lambda: _format_rate(
+            lambda: format_rate(
                 a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
             ),
         )
         field(
             "output_rate",
-            lambda: _format_rate(
+            lambda: format_rate(
                 a_out.get("format"), session.get("output_audio_format"), OUTPUT_RATES, "output"
             ),
         )
-        field("modalities", lambda: _modalities(session))
-        field("tools", lambda: _tools_of(self.mcp.take(session)))
+        field("modalities", lambda: modalities_of(session))
+        field("tools", lambda: tools_of(self.mcp.take(session)))
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
             new["transcription"] = t is not None
@@ -353,8 +329,9 @@ class Realtime(EventSource):
         if c.user_item is None:
             events += c.open_user_item()
         item = c.user_item
+        previous = c.record.prev(item)
         events.append(
-            self._event("input_audio_buffer.committed", item_id=item, previous_item_id=c.prev(item))
+            self._event("input_audio_buffer.committed", item_id=item, previous_item_id=previous)
         )
         return events, [Commit()]
 
@@ -406,13 +383,13 @@ class Realtime(EventSource):
             raise ProtocolError("invalid_value", "`item` must be an object", "item")
         kind = item.get("type")
         if kind == "function_call_output":
-            return self._tool_output(item)
+            return self.responses.tool_output(item)
         if kind == "mcp_approval_response":
             return self.mcp.approval(item)
         if kind == "message":
             return self._message(item, event.get("previous_item_id"))
         if kind == "function_call":  # a client's record of an earlier call: kept, not run
-            return self._record(item, "function_call"), []
+            return self.responses.record.client_item(item, "function_call"), []
         raise ProtocolError(
             "invalid_value",
             f"item type {kind!r} is not one of message, function_call, function_call_output, "
@@ -445,135 +422,13 @@ class Realtime(EventSource):
                 self._check_length(len(self.prompt or "") + len(text) + 2, "item.content")
                 self.notes.append(text)
                 commands = self._restart()
-        return self._record(item, "message", role=role, content=content), commands
-
-    def _record(self, item: dict, kind: str, **fields) -> List[Event]:
-        """A client's item into the conversation: ``conversation.item.added`` and ``.done``."""
-        given = item.get("id")
-        item_id = given if isinstance(given, str) and 0 < len(given) <= 64 else _new_id("item")
-        done = {k: v for k, v in item.items() if k not in ("id", "object", "status")}
-        done.update(id=item_id, object="realtime.item", type=kind, status="completed", **fields)
-        return [self.responses.add_item(done), self.responses.item_done(done)]
-
-    def _item_retrieve(self, event: dict):
-        item_id = event.get("item_id")
-        item = self.items.get(item_id) if isinstance(item_id, str) else None
-        if item is None:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
-        return [self._event("conversation.item.retrieved", item=item)], []
-
-    def _item_delete(self, event: dict):
-        """Forget an item (the model heard what it heard: only the record goes; a system or
-        developer message's text stays in the instructions)."""
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str) or item_id not in self.items:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
-        self.responses.forget(item_id)
-        return [self._event("conversation.item.deleted", item_id=item_id)], []
+        record = self.responses.record.client_item(item, "message", role=role, content=content)
+        return record, commands
 
     def _output_clear(self, event: dict):
         """WebRTC's playback buffer: over a WebSocket the client plays the audio itself, so
         there is nothing here to clear; acknowledged."""
         return [self._event("output_audio_buffer.cleared", response_id=None)], []
-
-    def _tool_output(self, item: dict):
-        call_id, output = item.get("call_id"), item.get("output")
-        if not isinstance(call_id, str) or call_id not in self.responses.calls:
-            raise ProtocolError(
-                "invalid_value",
-                f"call_id {call_id!r} is not a function call of this session that waits for "
-                "its output",
-                "item.call_id",
-            )
-        if not isinstance(output, str):
-            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
-        del self.responses.calls[call_id]
-        done = {
-            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call_output",
-            "call_id": call_id,
-            "output": output,
-            "status": "completed",
-        }
-        events = [self.responses.add_item(done), self.responses.item_done(done)]
-        return events, [ToolResult(call_id, output)]
-
-    def _item_truncate(self, event: dict):
-        item_id = event.get("item_id")
-        sent = self.responses.assistant_items
-        if not isinstance(item_id, str) or item_id not in sent:
-            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
-        end_ms = event.get("audio_end_ms")
-        if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
-            raise ProtocolError(
-                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
-            )
-        if end_ms > sent[item_id]:
-            raise ProtocolError(
-                "invalid_value",
-                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
-                "audio_end_ms",
-            )
-        # The model already heard itself say it; the client's playback position is recorded only.
-        return [
-            self._event(
-                "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
-            )
-        ], []
-
-def _modalities(session: dict) -> None:
-    modalities = session.get("output_modalities", session.get("modalities"))
-    if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
-        raise ProtocolError(
-            "invalid_value",
-            "this model always answers in audio (with its transcript): output_modalities "
-            'must include "audio"',
-            "session.output_modalities",
-        )
-
-
-def _tools_of(session: dict) -> Optional[List[dict]]:
-    if session.get("tools") is None:
-        return None
-    try:
-        return normalize_tools(session["tools"])
-    except ToolError as e:
-        raise ProtocolError("invalid_value", str(e), "session.tools") from None
-
-
-def _format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
-    """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
-    param = f"session.audio.{which}.format"
-    if ga is not None:
-        if not isinstance(ga, dict):
-            raise ProtocolError("invalid_value", f"`{param}` must be an object", param)
-        kind = ga.get("type", "audio/pcm")
-        if kind != "audio/pcm":
-            raise ProtocolError(
-                "invalid_value", f'audio format {kind!r} is not served; use "audio/pcm"', param
-            )
-        rate = ga.get("rate", DEFAULT_RATE)
-        if rate not in rates or isinstance(rate, bool):
-            raise ProtocolError(
-                "invalid_value",
-                f"{which} rate {rate!r} is not served; use one of {', '.join(map(str, rates))}",
-                param,
-            )
-        return int(rate)
-    if beta is not None:
-        if beta != "pcm16":
-            raise ProtocolError(
-                "invalid_value",
-                f'audio format {beta!r} is not served; use "pcm16"',
-                f"session.{which}_audio_format",
-            )
-        return DEFAULT_RATE
-    return None
 
 
 _HANDLERS = {
@@ -584,8 +439,8 @@ _HANDLERS = {
     "response.create": Realtime._response_create,
     "response.cancel": Realtime._response_cancel,
     "conversation.item.create": Realtime._item_create,
-    "conversation.item.truncate": Realtime._item_truncate,
-    "conversation.item.retrieve": Realtime._item_retrieve,
-    "conversation.item.delete": Realtime._item_delete,
+    "conversation.item.truncate": lambda p, event: p.responses.truncate(event),
+    "conversation.item.retrieve": lambda p, event: p.responses.record.retrieve(event),
+    "conversation.item.delete": lambda p, event: p.responses.record.delete(event),
     "output_audio_buffer.clear": Realtime._output_clear,
 }

@@ -1,35 +1,19 @@
-"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs.
+"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs
+(:func:`.app.create_app` around one model each, with the one :class:`~.settings.ServerSettings`).
 
-Each replica loads one model and serves :func:`.app.create_app` around it (the same routes,
-protocol, auth and Origin rules). Ray routes each connection to one replica for its life,
-restarts replicas that die and, with ``min_replicas`` / ``max_replicas``, autoscales.
+Ray routes each connection to one replica for its life (:class:`~.ray_proxy.SessionRouter`
+picks a full one only when all are full), restarts replicas that die and autoscales between
+``min_replicas`` and ``max_replicas``. ``max_ongoing_requests`` is ``max_sessions`` plus
+:data:`CONTROL_SLOTS`, so a full replica still answers ``server_busy`` and ``/health`` at once.
+A lost replica's sessions get ``replica_lost`` and close 1012 from Ray's proxy
+(:class:`~.ray_proxy.ReplicaLossMiddleware`); one whose model failed to load says so in
+``/health`` (503) and answers ``model_unavailable``. ``/health`` adds this replica and the
+deployment's sessions and capacity, from the reports every replica sends to a
+:class:`SessionBoard`; the series of :mod:`.metrics` go to Ray's metrics, tagged ``replica``.
+Stopping (:func:`stop_sessions`, or Ray's drain) tells each conversation
+``server_shutting_down`` and close 1012 first.
 
-- **Full means busy.** A replica takes ``max_sessions`` sessions; Ray's
-  ``max_ongoing_requests`` is that plus :data:`CONTROL_SLOTS`, so a connection to a full
-  replica still reaches the app and hears ``server_busy`` (close 1013) at once instead of
-  waiting in Ray's queue, and ``/health`` is answered while every session is in use.
-  :class:`~.ray_proxy.SessionRouter` sends a connection to a full replica only when every
-  replica is full.
-- **Failure.** A replica that dies takes only its own sessions: Ray's proxy closes them with an
-  ``error`` event ``replica_lost`` and close 1012 (:class:`~.ray_proxy.ReplicaLossMiddleware`,
-  installed by :func:`start_serve`). A replica whose model fails to load stays up, says so in
-  ``/health`` (503) and takes no sessions (the router ranks it last; a connection that reaches
-  it anyway gets ``model_unavailable`` and close 1011).
-- **Health.** ``/health`` through Ray adds ``replica`` (the one answering) and ``deployment``:
-  replicas live, sessions in use and capacity, from the reports every replica sends to a
-  deployment-scoped actor (:class:`SessionBoard`) whenever their sessions change.
-- ``session.created`` names its replica in the vendor field ``x-voicechat``.
-- **Metrics.** Each replica records the series of :mod:`.metrics` through Ray's own metrics
-  (``ray.util.metrics``, tagged ``replica``): Ray's Prometheus export carries them (the
-  replica's ``/metrics`` answers 404 and says so).
-- **Stopping.** ``serve --ray`` first marks the deployment stopping on the board
-  (:func:`stop_sessions`): each replica, at its next report (within a second), tells its
-  conversations (``server_shutting_down``, close 1012) and takes no more, so Ray's drain finds
-  none left. A replica Ray stops otherwise does the same when its drain ends, and ends its
-  worker.
-
-Config files (``serve run`` / ``serve deploy``) use the import path
-``mlx_voicechat.serve.ray_app:app_builder`` with the arguments of :func:`app_builder`.
+Config files (``serve run`` / ``serve deploy``) use ``mlx_voicechat.serve.ray_app:app_builder``.
 """
 
 import asyncio

@@ -4,24 +4,31 @@ audio and transcript deltas, and the function calls the model writes."""
 
 from __future__ import annotations
 
-import json
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Dict, List, Optional, Sequence
 
-from .wire import FRAME_SECONDS, MODEL_OUTPUT_RATE, Event, Resampler, _new_id, encode_pcm16
+from .items import ItemRecord
+from .wire import (
+    FRAME_SECONDS,
+    MODEL_OUTPUT_RATE,
+    Event,
+    ProtocolError,
+    Resampler,
+    ToolResult,
+    _new_id,
+    encode_pcm16,
+)
 
-MAX_ITEMS = 256  # conversation items kept for conversation.item.retrieve (the oldest go first)
-MAX_ITEM_CHARS = 4 << 20  # ... and at most this much of their JSON, all together
 MAX_REQUESTS = 16  # response.create requests that may wait for the model at once
 REQUEST_WAIT_FRAMES = 25  # a requested response the model leaves unused completes empty (2 s)
 
 
 class Responses:
     """One connection's conversation, owned by its :class:`.protocol.Realtime` (``session``):
-    the items kept for ``conversation.item.retrieve``, the user's item, the assistant's
-    responses and the function calls that wait for their output. It makes its events with the
-    session's ``_event`` / ``error`` (:class:`.wire.EventSource`) and reads the session's
-    choices (``transcription``, ``output_rate``, ``voice``) and MCP tools (``mcp``)."""
+    its items (:class:`~.items.ItemRecord`), the user's item, the assistant's responses and the
+    function calls that wait for their output. It makes its events with the session's
+    ``_event`` / ``error`` (:class:`.wire.EventSource`) and reads the session's choices
+    (``transcription``, ``output_rate``, ``voice``, ``extensions``) and MCP tools (``mcp``)."""
 
     def __init__(self, session):
         self.s = session
@@ -30,10 +37,7 @@ class Responses:
         self.frames_seen = 0
         self.responses_done = 0
         self.calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
-        self.items: "OrderedDict[str, dict]" = OrderedDict()  # the conversation, for retrieve
-        self.item_sizes: Dict[str, int] = {}  # item id -> characters of its JSON
-        self.item_chars = 0
-        self.last_item: Optional[str] = None
+        self.record = ItemRecord(session)  # the items, for conversation.item.retrieve
         self.requests: deque = deque()  # the metadata of response.create requests that wait
         # the open assistant response
         self.response: Optional[dict] = None
@@ -45,41 +49,6 @@ class Responses:
         self._user_frames = 0
 
     # -- items --
-
-    def prev(self, item_id: str) -> Optional[str]:
-        return None if self.last_item == item_id else self.last_item
-
-    def add_item(self, item: dict) -> Event:
-        event = self._event("conversation.item.added", previous_item_id=self.last_item, item=item)
-        self.last_item = item["id"]
-        self._keep(item)
-        return event
-
-    def item_done(self, item: dict) -> Event:
-        self._keep(item)
-        return self._event("conversation.item.done", previous_item_id=None, item=item)
-
-    def _keep(self, item: dict) -> None:
-        """Track the item's latest state for ``conversation.item.retrieve`` (the last
-        :data:`MAX_ITEMS`, at most :data:`MAX_ITEM_CHARS` of JSON: a client's items are kept as
-        sent, so their size is bounded here)."""
-        old = self.items.pop(item["id"], None)
-        if old is not None:
-            self.item_chars -= self.item_sizes.pop(item["id"])
-        size = len(json.dumps(item, ensure_ascii=False))
-        self.items[item["id"]] = item
-        self.item_sizes[item["id"]] = size
-        self.item_chars += size
-        while len(self.items) > MAX_ITEMS or (
-            self.item_chars > MAX_ITEM_CHARS and len(self.items) > 1
-        ):
-            gone, _ = self.items.popitem(last=False)
-            self.item_chars -= self.item_sizes.pop(gone)
-
-    def forget(self, item_id: str) -> None:
-        """``conversation.item.delete``: the item's record goes (the model heard what it heard)."""
-        del self.items[item_id]
-        self.item_chars -= self.item_sizes.pop(item_id)
 
     def open_user_item(self) -> List[Event]:
         self.user_item = _new_id("item")
@@ -93,7 +62,7 @@ class Responses:
             "status": "in_progress",
             "content": [{"type": "input_audio", "transcript": None}],
         }
-        return [self.add_item(item)]
+        return [self.record.add(item)]
 
     def close_user_item(self) -> List[Event]:
         """Complete the user's item (a turn of the model, or the end of a commit's trailing
@@ -114,7 +83,7 @@ class Responses:
         events = []
         if self.s.transcription:
             events.append(self.s.transcript_completed(item_id, text, seconds))
-        events.append(self.item_done(item))
+        events.append(self.record.done(item))
         return events
 
     # -- the model's frames --
@@ -209,7 +178,7 @@ class Responses:
             self._event(
                 "response.output_item.added", response_id=r["id"], output_index=index, item=item
             ),
-            self.add_item(item),
+            self.record.add(item),
             self._event("response.function_call_arguments.delta", delta=call.arguments, **ref),
             self._event(
                 "response.function_call_arguments.done",
@@ -220,7 +189,7 @@ class Responses:
             self._event(
                 "response.output_item.done", response_id=r["id"], output_index=index, item=done
             ),
-            self.item_done(done),
+            self.record.done(done),
         ]
         calls.append(done)
         self.calls[call.call_id] = done
@@ -256,7 +225,7 @@ class Responses:
             self._event(
                 "response.output_item.added", response_id=r["id"], output_index=0, item=item
             ),
-            self.add_item(item),
+            self.record.add(item),
             self._event(
                 "response.content_part.added", part={"type": "audio", "transcript": ""}, **ref
             ),
@@ -337,7 +306,7 @@ class Responses:
                 self._event(
                     "response.output_item.done", response_id=r["id"], output_index=0, item=item
                 ),
-                self.item_done(item),
+                self.record.done(item),
             ]
         events.append(
             self._event("response.done", response=self.response_object(status, output, details))
@@ -357,8 +326,71 @@ class Responses:
         self.calls.clear()
         return out
 
+    def tool_output(self, item: dict):
+        """A client's ``function_call_output`` for a call that waits for it."""
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or call_id not in self.calls:
+            raise ProtocolError(
+                "invalid_value",
+                f"call_id {call_id!r} is not a function call of this session that waits for "
+                "its output",
+                "item.call_id",
+            )
+        if not isinstance(output, str):
+            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
+        del self.calls[call_id]
+        done = {
+            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+        events = [self.record.add(done), self.record.done(done)]
+        return events, [ToolResult(call_id, output)]
+
+    def truncate(self, event: dict):
+        """``conversation.item.truncate``: the model already heard itself say it; the client's
+        playback position is recorded only."""
+        item_id = event.get("item_id")
+        sent = self.assistant_items
+        if not isinstance(item_id, str) or item_id not in sent:
+            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
+        end_ms = event.get("audio_end_ms")
+        if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
+            raise ProtocolError(
+                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
+            )
+        if end_ms > sent[item_id]:
+            raise ProtocolError(
+                "invalid_value",
+                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
+                "audio_end_ms",
+            )
+        return [
+            self._event(
+                "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
+            )
+        ], []
+
     # -- transport notices --
 
     def commit_done(self) -> List[Event]:
         """The trailing silence of a commit has been fed: the user's item is complete."""
         return self.close_user_item()
+
+    def tool_injection(self, call_id: str, frames: int) -> List[Event]:
+        """A vendor event: the result of ``call_id`` is being fed to the model, one token per
+        frame, for ``frames`` frames (nothing is spoken meanwhile). Only for a client that
+        asked for ``x-voicechat`` events."""
+        if not self.s.extensions:
+            return []
+        return [self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)]
+
+    def stats(self, **fields) -> List[Event]:
+        """A vendor event with the transport's figures (lag, frames, real-time factor). Only
+        for a client that asked for ``x-voicechat`` events."""
+        if not self.s.extensions:
+            return []
+        return [self._event("x-voicechat.stats", frames=self.frames_seen, **fields)]

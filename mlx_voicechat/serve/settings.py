@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from .mcp_tools import DEFAULT_TOOL_TIMEOUT
+
 IDLE_TIMEOUT = 180.0  # seconds without client audio before a connection is closed
 MAX_PROMPT_TOKENS = 4096  # default bound of a session's prompt (instructions and tools), tokens
 
@@ -53,7 +55,7 @@ class ServerSettings:
     idle_timeout: Optional[float] = IDLE_TIMEOUT
     max_prompt_tokens: int = MAX_PROMPT_TOKENS
     mcp_allow: Iterable[str] = ()
-    tool_timeout: float = 30.0
+    tool_timeout: float = DEFAULT_TOOL_TIMEOUT
     metrics: Optional[str] = "prometheus"
     metrics_public: bool = False
     metric_tags: Optional[Mapping[str, str]] = None

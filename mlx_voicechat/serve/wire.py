@@ -10,11 +10,12 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..config.voicechat import VoiceChatConfig
+from ..runtime.tools import ToolError, normalize_tools
 
 # The session's rates and frame, as the model's config defines them
 MODEL_INPUT_RATE = VoiceChatConfig.input_sample_rate  # Hz, what the session listens at
@@ -143,6 +144,58 @@ def encode_pcm16(samples: np.ndarray) -> str:
         raise ValueError(f"audio to encode as PCM16 has {bad} NaN or infinite samples of {x.size}")
     pcm = np.clip(np.rint(x * 32767.0), -32768, 32767)
     return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+def modalities_of(session: dict) -> None:
+    """Refuses ``output_modalities`` without audio: this model always speaks."""
+    modalities = session.get("output_modalities", session.get("modalities"))
+    if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
+        raise ProtocolError(
+            "invalid_value",
+            "this model always answers in audio (with its transcript): output_modalities "
+            'must include "audio"',
+            "session.output_modalities",
+        )
+
+
+def tools_of(session: dict) -> Optional[List[dict]]:
+    """``session.tools`` checked (:func:`~..runtime.tools.normalize_tools`), or None."""
+    if session.get("tools") is None:
+        return None
+    try:
+        return normalize_tools(session["tools"])
+    except ToolError as e:
+        raise ProtocolError("invalid_value", str(e), "session.tools") from None
+
+
+def format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
+    """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
+    param = f"session.audio.{which}.format"
+    if ga is not None:
+        if not isinstance(ga, dict):
+            raise ProtocolError("invalid_value", f"`{param}` must be an object", param)
+        kind = ga.get("type", "audio/pcm")
+        if kind != "audio/pcm":
+            raise ProtocolError(
+                "invalid_value", f'audio format {kind!r} is not served; use "audio/pcm"', param
+            )
+        rate = ga.get("rate", DEFAULT_RATE)
+        if rate not in rates or isinstance(rate, bool):
+            raise ProtocolError(
+                "invalid_value",
+                f"{which} rate {rate!r} is not served; use one of {', '.join(map(str, rates))}",
+                param,
+            )
+        return int(rate)
+    if beta is not None:
+        if beta != "pcm16":
+            raise ProtocolError(
+                "invalid_value",
+                f'audio format {beta!r} is not served; use "pcm16"',
+                f"session.{which}_audio_format",
+            )
+        return DEFAULT_RATE
+    return None
 
 
 # --- text ----------------------------------------------------------------------------------
