@@ -18,6 +18,7 @@ Config files (``serve run`` / ``serve deploy``) use ``mlx_voicechat.serve.ray_ap
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Optional
@@ -309,19 +310,17 @@ def realtime_app(
     return VoiceChatReplica.options(**options).bind(str(model), settings, tokenizer)
 
 
-_BUILDER_ARGS = {
-    "model", "tokenizer", "model_id", "max_sessions", "replicas", "min_replicas", "max_replicas",
-    "api_key", "allow_origins", "silence_feed", "max_lag_seconds", "seed", "ray_actor_options",
-}  # fmt: skip
+_BUILDER_ARGS = {"model", "tokenizer", "replicas", "min_replicas", "max_replicas"}
+_BUILDER_ARGS |= {"ray_actor_options"} | {f.name for f in dataclasses.fields(ServerSettings)}
 
 
 def app_builder(args: dict):
     """``serve run`` / ``serve deploy`` entry point (``import_path:
     mlx_voicechat.serve.ray_app:app_builder``). ``args``: ``model`` (required), ``tokenizer``,
-    ``model_id``, ``max_sessions``, ``replicas`` or ``min_replicas`` / ``max_replicas``,
-    ``api_key`` (default: ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g.
-    from its ``runtime_env.env_vars``), ``allow_origins``, ``silence_feed``,
-    ``max_lag_seconds``, ``seed``, ``ray_actor_options``."""
+    ``replicas`` or ``min_replicas`` / ``max_replicas``, ``ray_actor_options`` and any field of
+    :class:`~.settings.ServerSettings` (``max_sessions``, ``allow_origins``, ...; ``api_key``
+    by default ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g. from its
+    ``runtime_env.env_vars``)."""
     args = dict(args or {})
     unknown = sorted(set(args) - _BUILDER_ARGS)
     if unknown:

@@ -162,9 +162,7 @@ def prompt_bounds(model, max_prompt_tokens: int):
     """(tokens, characters) a session's prompt may have: at most ``max_prompt_tokens`` and the
     LLM's context less one frame; in characters, that many of the vocabulary's longest token,
     so that a longer prompt is refused before anything tokenizes it."""
-    tokens = int(max_prompt_tokens)
-    if tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+    tokens = int(max_prompt_tokens)  # (at least 1: ServerSettings checks it)
     config = getattr(model, "config", None)
     context = getattr(getattr(config, "text_args", None), "max_position_embeddings", None)
     if isinstance(context, int):
