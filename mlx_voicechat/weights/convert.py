@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from ..config import VoiceChatConfig
 from ..errors import CheckpointError, VoiceChatError
@@ -327,24 +328,6 @@ def convert(
 # --- --quantize-tts: how much the 8-bit TTS changes the speech codes ------------------------
 
 
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    *parents, leaf = path.split(".")
-    node = root
-    for p in parents:
-        node = node[int(p)] if isinstance(node, list) else getattr(node, p)
-    if isinstance(node, list):
-        node[int(leaf)] = module
-    else:
-        setattr(node, leaf, module)
-
-
-def _get_module(root: nn.Module, path: str):
-    node = root
-    for p in path.split("."):
-        node = node[int(p)] if isinstance(node, list) else getattr(node, p)
-    return node
-
-
 def tts_agreement(
     output, source, model_class, *, seed: int = 0, seconds: float = SEED_AUDIO_SECONDS
 ) -> Tuple[float, int]:
@@ -366,14 +349,15 @@ def tts_agreement(
         for u in src.units
         if u.module or u.keys[0].endswith(".weight")
     }
+    modules = dict(reference.named_modules())
     for path in tts:
-        old = _get_module(reference, path)
+        old = modules[path]
         w = src.read(by_module[path])[f"{path}.weight"].astype(old.scales.dtype)
         lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in old)
         lin.weight = w
         if "bias" in old:
             lin.bias = old.bias
-        _set_module(reference, path, lin)
+        reference.update_modules(tree_unflatten([(path, lin)]))
     rng = np.random.default_rng(seed)
     rate = quantized.config.input_sample_rate
     t = np.arange(int(seconds * rate)) / rate
