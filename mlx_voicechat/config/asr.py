@@ -374,35 +374,32 @@ def transformers_fields(
     f = read_fields(TRANSFORMERS, {**d, "encoder_config": enc})
     read_fields(PROMPT if d["model_type"] == "nemotron3_5_asr" else {}, d, f)
     read_fields(PROCESSOR, {**processor, "feature_extractor": feature}, f)
-    e, pre = f.setdefault("encoder", {}), f.setdefault("preprocessor", {})
-    hidden, heads = e.get("d_model", EncoderConfig.d_model), e.get("n_heads", EncoderConfig.n_heads)
-    if enc.get("num_key_value_heads") not in (None, heads):
-        raise ConfigError("encoder_config num_key_value_heads must equal num_attention_heads")
-    inter = enc.get("intermediate_size", 4 * hidden)
-    if inter % hidden:
-        raise ConfigError(
-            f"encoder_config intermediate_size {inter} must be a multiple of hidden_size {hidden}"
-        )
-    if pre["features"] != enc["num_mel_bins"]:
-        raise ConfigError(
-            f"processor_config.json feature_size {pre['features']} differs from encoder_config "
-            f"num_mel_bins {enc['num_mel_bins']} (a key left out means Transformers' default, 80)"
-        )
-    biases = {"attention": enc["attention_bias"], "convolution": enc["convolution_bias"]}
-    e.update(ff_expansion_factor=inter // hidden, use_bias=any(biases.values()))
-    rate = pre.get("sample_rate", PreprocessorConfig.sample_rate)
-    pre.update(
-        window_size=feature["win_length"] / rate,
-        window_stride=feature["hop_length"] / rate,
-        preemph=pre.get("preemph", PreprocessorConfig.preemph) or 0.0,
-    )
     # The processor's lookahead is what Transformers' pipeline passes to the model (its own
     # default: the first supported one); the encoder's applies to a bare forward call.
     lookaheads = f.get("lookaheads") or ASRConfig.lookaheads
-    e["att_context_size"] = (
-        enc["sliding_window"] - 1,
-        processor.get("default_num_lookahead_tokens", lookaheads[0]),
+    lookahead = processor.get("default_num_lookahead_tokens", lookaheads[0])
+    e = EncoderConfig.from_dict(
+        {**f.get("encoder", {}), "att_context_size": (enc["sliding_window"] - 1, lookahead)}
     )
+    pre = PreprocessorConfig.from_dict(f.get("preprocessor"))
+    if enc.get("num_key_value_heads") not in (None, e.n_heads):
+        raise ConfigError("encoder_config num_key_value_heads must equal num_attention_heads")
+    inter = enc.get("intermediate_size", 4 * e.d_model)
+    if inter % e.d_model:
+        raise ConfigError(
+            f"encoder_config intermediate_size {inter} must be a multiple of hidden_size "
+            f"{e.d_model}"
+        )
+    if pre.features != e.feat_in:
+        raise ConfigError(
+            f"processor_config.json feature_size {pre.features} differs from encoder_config "
+            f"num_mel_bins {e.feat_in} (a key left out means Transformers' default, 80)"
+        )
+    biases = {"attention": enc["attention_bias"], "convolution": enc["convolution_bias"]}
+    e.ff_expansion_factor, e.use_bias = inter // e.d_model, any(biases.values())
+    pre.window_size = feature["win_length"] / pre.sample_rate
+    pre.window_stride = feature["hop_length"] / pre.sample_rate
+    pre.preemph = pre.preemph or 0.0
     # Each model type's class defaults (NemotronAsrStreamingConfig: 1025 / 1024).
     english = d["model_type"] == "nemotron_asr_streaming"
     vocab_size = d.get("vocab_size", 1025 if english else 13088)
@@ -421,20 +418,19 @@ def transformers_fields(
         }
         prompt = PromptConfig.from_dict(f["prompt"])
     return dict(
-        preprocessor=PreprocessorConfig.from_dict(pre),
-        encoder=EncoderConfig.from_dict(e),
+        preprocessor=pre,
+        encoder=e,
         prompt=prompt,
         decoder=RNNTDecoderConfig.from_dict(f["decoder"]),
         joint=RNNTJointConfig.from_dict(f["joint"]),
         vocabulary=transformers_vocabulary(tokenizer, blank),
-        max_symbols=f.get("max_symbols", ASRConfig.max_symbols),
         lookaheads=tuple(lookaheads),
         model_type=d["model_type"],
         layout="transformers",
         quantization=d.get("quantization") or d.get("quantization_config"),
         model_path=d.get("model_path"),
-        mel_filters_dtype=str(f.get("mel_filters_dtype", "float32")),
         zero_biases=tuple(k for k, on in biases.items() if not on and any(biases.values())),
+        **{k: f[k] for k in ("max_symbols", "mel_filters_dtype") if k in f},
     )
 
 
