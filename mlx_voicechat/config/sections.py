@@ -62,7 +62,8 @@ def read_fields(template: Mapping[str, Any], d: Any, out: Optional[dict] = None)
                 node = out
                 for name in parents:
                     node = node.setdefault(name, {})
-                node.setdefault(leaf, value)  # the first place in the template wins
+                # the first place in the template wins; a section is copied, never shared
+                node.setdefault(leaf, dict(value) if isinstance(value, Mapping) else value)
     return out
 
 
@@ -73,7 +74,7 @@ def write_fields(template: Mapping[str, Any], config: Any) -> Dict[str, Any]:
         if isinstance(spec, Mapping):
             out[key] = write_fields(spec, config)
             continue
-        if isinstance(spec, str) and spec[:1] in "@=":
+        if isinstance(spec, str) and spec[:1] in ("@", "="):
             value = config
             for name in spec[1:].split("|")[0].split("."):
                 value = getattr(value, name)
