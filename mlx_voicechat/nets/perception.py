@@ -43,9 +43,6 @@ class Preprocessor(Versioned, nn.Module):
         f = self.featurizer
         return LogMel(self.cfg, f.window.astype(mx.float32), f.fb[0].astype(mx.float32).T)
 
-    def __call__(self, wave: mx.array, lengths: Optional[mx.array] = None):
-        return self.frontend(wave, lengths)
-
 
 # --- perception --------------------------------------------------------------------------------
 
@@ -69,7 +66,7 @@ class Perception(Versioned, nn.Module):
 
     def log_mel(self, wave: mx.array, lengths: Optional[mx.array] = None):
         """``wave`` [B, N] or [N] at 16 kHz -> (mel [B, T, n_mels], mel_len [B])."""
-        return self.preprocessor(wave, lengths)
+        return self.frontend(wave, lengths)
 
     def encode(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
         """(encoded [B, T', d_model], lengths [B]); frames at index >= lengths are padding."""
