@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..config.voicechat import VoiceChatConfig
+from ..nets.mel import Resampler  # noqa: F401  (re-exported: the edges resample with it)
 from ..runtime.tools import ToolError, normalize_tools
 
 # The session's rates and frame, as the model's config defines them
@@ -91,24 +92,6 @@ class ProtocolError(Exception):
 
 
 # --- audio at the edges -------------------------------------------------------------------
-
-
-class Resampler:
-    """Stateful mono float32 resampling; ``rate_in == rate_out`` passes samples through."""
-
-    def __init__(self, rate_in: int, rate_out: int):
-        self.rate_in, self.rate_out = int(rate_in), int(rate_out)
-        self._stream = None
-        if self.rate_in != self.rate_out:
-            import soxr
-
-            self._stream = soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32")
-
-    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.float32)
-        if self._stream is None:
-            return samples
-        return self._stream.resample_chunk(samples, last=last)
 
 
 def decode_pcm16(audio: Any) -> np.ndarray:
