@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
-from mlx_voicechat.serve.protocol import Resampler, encode_pcm16  # noqa: E402
+from mlx_voicechat.serve.wire import Resampler, encode_pcm16  # noqa: E402
 from mlx_voicechat.serve.worker import Worker  # noqa: E402
 
 KEY = "sekret-key"

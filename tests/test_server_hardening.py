@@ -30,7 +30,7 @@ websockets = pytest.importorskip("websockets")
 from mlx_voicechat.serve.app import WS_MAX_SIZE, ServerThread, create_app  # noqa: E402
 from mlx_voicechat.serve.connection import Conversation  # noqa: E402
 from mlx_voicechat.serve.limits import Limits, raise_open_file_limit  # noqa: E402
-from mlx_voicechat.serve.protocol import MAX_EVENT_BYTES, encode_pcm16  # noqa: E402
+from mlx_voicechat.serve.wire import MAX_EVENT_BYTES, encode_pcm16  # noqa: E402
 from mlx_voicechat.serve.worker import Worker  # noqa: E402
 from test_server import (  # noqa: E402  (the server tests' helpers)
     connect,

@@ -7,13 +7,13 @@ import json
 import numpy as np
 
 from mlx_voicechat.runtime.session import FrameEvent
-from mlx_voicechat.serve.protocol import (
+from mlx_voicechat.serve.protocol import Realtime
+from mlx_voicechat.serve.wire import (
     MAX_EVENT_BYTES,
     Append,
     Cancel,
     Clear,
     Commit,
-    Realtime,
     Start,
     encode_pcm16,
 )

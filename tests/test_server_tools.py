@@ -10,7 +10,7 @@ import pytest
 from test_server_protocol import error_code, frame, pcm, send, started
 
 from mlx_voicechat.runtime.tools import ToolCall
-from mlx_voicechat.serve.protocol import Start, ToolResult
+from mlx_voicechat.serve.wire import Start, ToolResult
 
 WEATHER = {
     "type": "function",
