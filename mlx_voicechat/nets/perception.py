@@ -16,7 +16,6 @@ from mlx_audio.dsp import stft
 
 from ..config import AudioConfig, ConfigError, PreprocessorConfig
 from .encoder import DEFAULT_CHUNK_FRAMES, FastConformer
-from .version import Versioned
 
 # Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
 MEL_BLOCK_FRAMES = 4096
@@ -25,7 +24,7 @@ MEL_BLOCK_FRAMES = 4096
 # --- log-mel front-end ---------------------------------------------------------------------
 
 
-class Featurizer(Versioned, nn.Module):
+class Featurizer(nn.Module):
     """NeMo ``FilterbankFeatures`` buffers: the mel filterbank and the analysis window."""
 
     def __init__(self, cfg: PreprocessorConfig):
@@ -34,7 +33,7 @@ class Featurizer(Versioned, nn.Module):
         self.window = mx.zeros((cfg.win_length,))
 
 
-class Preprocessor(Versioned, nn.Module):
+class Preprocessor(nn.Module):
     def __init__(self, cfg: PreprocessorConfig):
         super().__init__()
         if str(cfg.normalize).upper() not in ("NA", "NONE"):
@@ -91,7 +90,7 @@ class Preprocessor(Versioned, nn.Module):
 # --- perception --------------------------------------------------------------------------------
 
 
-class Perception(Versioned, nn.Module):
+class Perception(nn.Module):
     """``stt_model.perception``: log-mel -> FastConformer -> ``proj`` (the LLM audio channel)."""
 
     def __init__(self, audio_config: AudioConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
