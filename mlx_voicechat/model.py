@@ -23,10 +23,10 @@ from .nets.llm import FusedNemotronH
 from .nets.perception import Perception
 from .nets.rnnt import FrameDecoder, RNNTDecoder, RNNTJoint
 from .nets.tts import EarTTS
-from .nets.version import Versioned
+from .nets.derived import derived, reset_derived
 
 
-class STTModel(Versioned, nn.Module):
+class STTModel(nn.Module):
     """Listening and thinking: perception, the dual-head Nemotron-H, the RNNT transcript head."""
 
     def __init__(self, config: VoiceChatConfig):
@@ -47,7 +47,7 @@ class STTModel(Versioned, nn.Module):
         self.rnnt_joint = RNNTJoint(audio.joint)
 
 
-class SpeechModel(Versioned, nn.Module):
+class SpeechModel(nn.Module):
     """Speaking: EAR-TTS, the codec, the Aria voice prompt and the silence / control codes."""
 
     def __init__(self, config: VoiceChatConfig):
@@ -63,7 +63,7 @@ class SpeechModel(Versioned, nn.Module):
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
 
 
-class VoiceChatModel(Versioned, nn.Module):
+class VoiceChatModel(nn.Module):
     """The parameter tree of the whole model: listening and thinking (``stt_model``) and
     speaking (``tts_model``), plus the tokenizer and RNNT vocabulary once they are attached."""
 
@@ -85,20 +85,34 @@ class VoiceChatModel(Versioned, nn.Module):
             check_weights(self, dict(file_or_weights))
         return super().load_weights(file_or_weights, strict=strict)
 
+    # load_weights, set_dtype and nn.quantize(model) change weights through these two.
+    def update(self, parameters: dict, strict: bool = True):
+        reset_derived(self)
+        return super().update(parameters, strict)
+
+    def update_modules(self, modules: dict, strict: bool = True):
+        reset_derived(self)
+        return super().update_modules(modules, strict)
+
+    @property
+    def tts(self) -> EarTTS:
+        return self.tts_model.tts_model
+
+    @property
+    def codec(self) -> AudioCodec:
+        return self.tts_model.audio_codec
+
     @property
     def rnnt_frames(self) -> FrameDecoder:
         """The RNNT head's live decoder: one encoder frame per call, on the device."""
-        frames = self.__dict__.get("_rnnt_frames")
-        if frames is None:
-            stt = self.stt_model
-            frames = FrameDecoder(stt.rnnt_decoder, stt.rnnt_joint, self.config.audio_config.max_symbols)
-            object.__setattr__(self, "_rnnt_frames", frames)
-        return frames
+        stt, steps = self.stt_model, self.config.audio_config.max_symbols
+        build = lambda: FrameDecoder(stt.rnnt_decoder, stt.rnnt_joint, steps)  # noqa: E731
+        return derived(self, "rnnt_frames", build)
 
     def setup_tokenizer(self, tokenizer) -> None:
         """Attach the LLM tokenizer and build the character tables EAR-TTS derives from it."""
         self.tokenizer = tokenizer
-        self.tts_model.tts_model.set_vocabulary(tokenizer)
+        self.tts.set_vocabulary(tokenizer)
 
     @property
     def layers(self):
@@ -106,6 +120,28 @@ class VoiceChatModel(Versioned, nn.Module):
 
     def make_cache(self):
         return self.stt_model.llm.make_cache()
+
+    def memory_per_minute(self) -> dict:
+        """Bytes a conversation's caches grow by per minute: the LLM's attention keys / values,
+        the TTS's global layers' and its windowed layers' (until their window is full)."""
+        cfg, args, tts = self.config, self.config.text_args, self.config.tts_config
+        frames = int(round(60.0 / cfg.frame_duration))
+        floats = (mx.float32, mx.float16, mx.bfloat16)  # quantized weights: bf16 caches
+        llm_dtype = self.stt_model.lm_head.weight.dtype
+        llm_dtype = llm_dtype if llm_dtype in floats else mx.bfloat16
+        n_attn = (getattr(args, "hybrid_override_pattern", "") or "").count("*")
+        llm = n_attn * 2 * args.num_key_value_heads * args.head_dim * llm_dtype.size * frames
+        tts_dtype = self.tts.embed_code.weight.dtype
+        tts_dtype = tts_dtype if tts_dtype in floats else mx.bfloat16
+        per_layer = 2 * 2 * tts.num_key_value_heads * tts.head_dim * tts_dtype.size  # cond + uncond
+        n_global = sum(1 for i in range(tts.num_hidden_layers) if tts.is_global_layer(i))
+        return {
+            "llm_kv": llm,
+            "tts_global_kv": n_global * per_layer * frames,
+            "tts_window_kv": (tts.num_hidden_layers - n_global) * per_layer * frames,
+            "tts_window_minutes": tts.sliding_window * cfg.frame_duration / 60.0,
+            "total_after_window": llm + n_global * per_layer * frames,
+        }
 
     # mlx-lm's text generation calls the model like a causal LM; this one is not.
     def __call__(self, *args, **kwargs):

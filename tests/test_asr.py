@@ -12,6 +12,7 @@ from mlx_voicechat import load
 from mlx_voicechat.cli import main
 from mlx_voicechat.config.asr import ASRConfig
 from mlx_voicechat.errors import CheckpointError
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.recognizer import Recognizer, RecognizerError
 from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
 from mlx_voicechat.weights.asr_layout import sanitize_recognizer
@@ -210,9 +211,10 @@ def reference_loop(model, x, prompt_id, edge="nemo"):
 
 
 def set_last(model, weight, bias):
-    """The joint's last layer replaced through the joint (so its compiled steps follow)."""
+    """The joint's last layer replaced (and the compiled steps made from it dropped)."""
     n = len(model.joint.joint_net)
     model.joint.update({"joint_net": [{} for _ in range(n - 1)] + [{"weight": weight, "bias": bias}]})
+    reset_derived(model)
 
 
 def craft(model, bias):

@@ -5,6 +5,7 @@ import pytest
 from fastpath_utils import set_fastpath
 
 from mlx_voicechat import load
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.runtime.asr_session import TranscriptionError, open_transcription
 from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
 
@@ -225,7 +226,7 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
 
     monkeypatch.setattr(asr_greedy, "build_step", lambda net: counted(step(net)))
     monkeypatch.setattr(asr_greedy, "build_scan", lambda net: tuple(map(counted, scan(net))))
-    asr.__dict__.pop("_greedy_steps", None)  # the shared compiled step, rebuilt counting
+    reset_derived(asr)  # the shared compiled step, rebuilt counting
     last = asr.joint.joint_net[-1]
     old = {"weight": last.weight, "bias": last.bias}
     n = len(asr.joint.joint_net)
@@ -233,9 +234,11 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
         bias = mx.zeros_like(last.bias).at[asr.config.blank_id].add(5.0)
         never = {"weight": 0 * last.weight, "bias": bias}
         asr.joint.update({"joint_net": [{}] * (n - 1) + [never]})
+        reset_derived(asr)
         s, chunks = live(noise(16000 * 8, 6))
         assert s.tokens == [] and chunks == 7 and calls[0] == s.reads == chunks
         asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
+        reset_derived(asr)
         x = noise(16000 * 8, 7)  # its tokens come where the reads allow one call a round
         s, chunks = live(x)
         assert len(s.tokens) >= 3 and calls[0] == s.reads <= len(s.tokens) + chunks
@@ -243,4 +246,4 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
         assert s.tokens == asr.transcribe(x).tokens
     finally:
         asr.joint.update({"joint_net": [{}] * (n - 1) + [old]})
-        asr.__dict__.pop("_greedy_steps", None)
+        reset_derived(asr)

@@ -12,6 +12,7 @@ from mlx.utils import tree_map
 
 from mlx_voicechat import load
 from mlx_voicechat.nets.codec import AudioCodec
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.runtime.threads import note_mlx_thread
 
 
@@ -124,6 +125,7 @@ def test_fast_step_follows_weights_changed_after_first_use(codec, fast_calls, mo
     old = _state(_step(codec, codes[:, 5:], before, True, monkeypatch), before)
     codec.decoder.update(tree_map(lambda a: 0.5 * a, codec.decoder.parameters()))
     codec.prvq.mus_list[3] = -codec.prvq.mus_list[3]
+    reset_derived(codec)
     after, ref = _copy(cache), _copy(cache)
     new = _state(_step(codec, codes[:, 5:], after, True, monkeypatch), after)
     want = _state(_step(codec, codes[:, 5:], ref, False, monkeypatch), ref)

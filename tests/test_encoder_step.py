@@ -13,6 +13,7 @@ import test_perception
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_voicechat.nets import layout
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.nets.encoder import PRE_ENCODE_CONTEXT, FastConformer
 from mlx_voicechat.runtime.threads import note_mlx_thread
 
@@ -28,6 +29,7 @@ def _randomize(enc, seed):
     ]
     enc.update(tree_unflatten(flat))
     mx.eval(enc.parameters())
+    reset_derived(enc)
 
 
 def _encoder(variant="float32", right=0, seed=7):

@@ -21,6 +21,7 @@ from packaging.version import Version
 from mlx_voicechat.nemotron_voicechat import Model
 from mlx_voicechat.nets import fastpaths, heads
 from mlx_voicechat.nets.caches import RowCaches
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.nets.layout import use_cpu_layout
 from mlx_voicechat.nets.rnnt import greedy_decode
 from mlx_voicechat.noise import KeyNoise, RowNoise
@@ -260,6 +261,7 @@ def test_rnnt_frame_equals_greedy_decode_per_row(medium, monkeypatch):
     def with_blank_bias(shift):
         b = mx.where(mx.arange(bias.shape[0]) == frames.blank, bias + shift, bias)
         joint.update({"joint_net": [{} for _ in joint.joint_net[:-1]] + [{"bias": b}]})
+        reset_derived(medium)
 
     try:
         for shift, expect in ((0.0, "emits"), (8.0, "blank")):
@@ -274,6 +276,7 @@ def test_rnnt_frame_equals_greedy_decode_per_row(medium, monkeypatch):
                 assert _frames_greedy(frames, joint.project_encoder, enc) == want
     finally:
         joint.update({"joint_net": [{} for _ in joint.joint_net[:-1]] + [{"bias": bias}]})
+        reset_derived(medium)
 
 
 class _CountingDecoder:

@@ -14,6 +14,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from mlx_voicechat import load
 from mlx_voicechat.nets import layout
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.nets.llm import FusedNemotronH
 from mlx_voicechat.runtime import generate as offline
 from mlx_voicechat.runtime import step as frame_step
@@ -182,6 +183,7 @@ def test_llm_step_follows_weights_changed_after_first_use(tiny_checkpoints, monk
         llm, group_size=32, bits=4,
         class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % 32 == 0,
     )
+    reset_derived(llm)
     after, scan = run(True), run(False)
     assert not all(mx.array_equal(a, b).item() for a, b in zip(before, after))
     assert all(mx.array_equal(a, b).item() for a, b in zip(after, scan))
@@ -226,6 +228,7 @@ def test_tts_backbone_step_follows_weights_changed_after_first_use(tiny_checkpoi
     before = _tts_steps(model)[0]
     bb = model.tts_model.tts_model.backbone
     bb.layers[2].update({"mlp": {"down_proj": {"weight": bb.layers[2].mlp.down_proj.weight * 2}}})
+    reset_derived(bb)
     after = _tts_steps(model)[0]
     set_fastpath(monkeypatch, "tts.backbone_step", False)
     plain = _tts_steps(model)[0]

@@ -13,6 +13,7 @@ import pytest
 from fastpath_utils import set_fastpath
 
 from mlx_voicechat import load
+from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.nets.mog import CodeSampler, MoGHead
 from mlx_voicechat.noise import KeyNoise, ReplayNoise, gumbel_from_uniform
 from mlx_voicechat.runtime.threads import note_mlx_thread
@@ -107,6 +108,7 @@ def test_fused_sampling_follows_weights_changed_after_first_use(tiny_checkpoints
     before = run(True)
     for name, change in changes.items():
         change()
+        reset_derived(tts)
         after = run(True)
         for a, r in zip(after, run(False)):
             np.testing.assert_array_equal(a, r, err_msg=name)

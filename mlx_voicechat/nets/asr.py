@@ -30,8 +30,8 @@ import mlx.nn as nn
 
 from ..config.asr import ASRConfig
 from . import conv_products, fastpaths
+from .derived import derived
 from .mel import recognizer_mel
-from .version import Memo, Versioned
 from .encoder import (
     NEG_INF,
     PRE_ENCODE_CONTEXT,
@@ -159,7 +159,7 @@ class RecognizerEncoder(FastConformer):
         return mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
 
-class RecognizerNetwork(Versioned, nn.Module):
+class RecognizerNetwork(nn.Module):
     """The parameter tree of Nemotron-3.5-ASR (mlx-audio's key names)."""
 
     def __init__(self, config: ASRConfig):
@@ -213,12 +213,9 @@ class RecognizerNetwork(Versioned, nn.Module):
             x = enc.subsample(mel, start, mel_len)[:, frames]
             x, cache = enc.step(x, cache)
             return self.joint_frames(x, prompt_ids), cache
-        memo = self.__dict__.get("_chunk_memo")
-        if memo is None:
-            memo = Memo(self)
-            object.__setattr__(self, "_chunk_memo", memo)
         key = (frames.start, frames.stop)  # and the fast paths traced into it:
-        fn = memo.get(lambda: self._chunk_fn(*key), (*key, fastpaths.enabled("encoder.convs")))
+        convs = fastpaths.enabled("encoder.convs")
+        fn = derived(self, "asr.chunk", lambda: self._chunk_fn(*key), (*key, convs))
         pos = enc.chunk_positions(n, enc.pre_encode.out.weight.dtype)
         out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
         layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
@@ -227,7 +224,7 @@ class RecognizerNetwork(Versioned, nn.Module):
     def _chunk_fn(self, first: int, last: int):
         """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
         *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
-        when they change: ``nets.version``)."""
+        when they change: ``nets.derived``)."""
         enc, n = self.encoder, len(self.encoder.layers)
 
         def run(mel, prompt_ids, *arrays):

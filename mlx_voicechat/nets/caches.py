@@ -25,6 +25,7 @@ from typing import Any, List, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
 
@@ -108,6 +109,23 @@ class RowCaches(_BaseCache):
 
     def empty(self) -> bool:
         return all(c.empty() for c in self.rows)
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        """One position's attention, each conversation's rows of ``q``, ``k``, ``v`` (as many
+        per conversation, in order) over that conversation's own cache, once the new keys and
+        values are added to it."""
+        if len(self.rows) == 1:  # one conversation: its rows are the whole batch
+            parts = [(self.rows[0], q, k, v)]
+        else:
+            n = q.shape[0] // len(self.rows)
+            rows = [slice(n * b, n * b + n) for b in range(len(self.rows))]
+            parts = [(c, q[r], k[r], v[r]) for c, r in zip(self.rows, rows)]
+        outs = []
+        for c, q, k, v in parts:
+            keys, values = c.update_and_fetch(k, v)
+            o = scaled_dot_product_attention(q, keys, values, cache=c, scale=scale, mask=None)
+            outs.append(o)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
 
     def size(self) -> int:
         return max((c.size() for c in self.rows), default=0)

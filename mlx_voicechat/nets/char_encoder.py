@@ -21,10 +21,10 @@ import numpy as np
 from mlx_lm.models import gemma3_text
 
 from ..config import CharEncoderConfig
-from .version import Memo, Versioned
+from .derived import derived, reset_derived
 
 
-class OffsetRMSNorm(Versioned, gemma3_text.RMSNorm):
+class OffsetRMSNorm(gemma3_text.RMSNorm):
     """Gemma's RMSNorm with weight + 1."""
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -37,10 +37,13 @@ class OffsetRMSNorm(Versioned, gemma3_text.RMSNorm):
 # --- the character vocabulary -------------------------------------------------------------
 
 
-def tokenizer_vocab(tokenizer) -> Dict[str, int]:
-    """``{piece: id}`` including added tokens, from a transformers / tokenizers object or a dict."""
+def tokenizer_vocab(tokenizer) -> Optional[Dict[str, int]]:
+    """``{piece: id}`` including added tokens, from a transformers / tokenizers object or a dict
+    (None for an object without ``get_vocab``)."""
     if isinstance(tokenizer, Mapping):
         return dict(tokenizer)
+    if not hasattr(tokenizer, "get_vocab"):
+        return None
     try:
         return dict(tokenizer.get_vocab(with_added_tokens=True))  # tokenizers.Tokenizer
     except TypeError:
@@ -57,6 +60,8 @@ def build_char_table(
     vocabulary are skipped, and ids the tokenizer does not know have length 0.
     """
     vocab = tokenizer_vocab(tokenizer)
+    if vocab is None:
+        raise TypeError(f"need a tokenizer with get_vocab() or a {{piece: id}} dict: {tokenizer!r}")
     singles = sorted((i, piece) for piece, i in vocab.items() if len(piece) == 1)
     n_chars = char_vocab_size - 1
     if len(singles) != n_chars:
@@ -85,7 +90,7 @@ def build_char_table(
 # --- one T5Gemma encoder layer --------------------------------------------------------------
 
 
-class CharAttention(Versioned, nn.Module):
+class CharAttention(nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         dim, hd = cfg.hidden_size, cfg.head_dim
@@ -118,7 +123,7 @@ class CharAttention(Versioned, nn.Module):
         return self.o_proj(out)
 
 
-class CharEncoderLayer(Versioned, nn.Module):
+class CharEncoderLayer(nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -135,14 +140,14 @@ class CharEncoderLayer(Versioned, nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-class CharEncoder(Versioned, nn.Module):
+class CharEncoder(nn.Module):
     def __init__(self, cfg: CharEncoderConfig):
         super().__init__()
         self.layers = [CharEncoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class CharBackbone(Versioned, nn.Module):
+class CharBackbone(nn.Module):
     """Holds the encoder under ``backbone.encoder`` as NeMo's T5Gemma wrapper names it."""
 
     def __init__(self, cfg: CharEncoderConfig):
@@ -153,7 +158,7 @@ class CharBackbone(Versioned, nn.Module):
 # --- flag embeddings ------------------------------------------------------------------------
 
 
-class SubwordFlagEmbedding(Versioned, nn.Module):
+class SubwordFlagEmbedding(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int):
         super().__init__()
         self.cont_emb = nn.Embedding(2, hidden_size)
@@ -166,7 +171,7 @@ class SubwordFlagEmbedding(Versioned, nn.Module):
         return self.cont_emb(self.is_continuation[safe])
 
 
-class BOSEOSEmbedding(Versioned, nn.Module):
+class BOSEOSEmbedding(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int):
         super().__init__()
         self.special_emb = nn.Embedding(3, hidden_size)
@@ -182,7 +187,7 @@ class BOSEOSEmbedding(Versioned, nn.Module):
 # --- the encoder ------------------------------------------------------------------------------
 
 
-class CharAwareSubwordEncoder(Versioned, nn.Module):
+class CharAwareSubwordEncoder(nn.Module):
     """``embed_subword``: subword ids [B, T] (+ mask) -> conditioning embeddings [B, T, hidden].
 
     Call :meth:`set_vocabulary` with the LLM tokenizer once before use.
@@ -209,7 +214,6 @@ class CharAwareSubwordEncoder(Versioned, nn.Module):
             self.bos_eos_emb = BOSEOSEmbedding(H, vocab_size)
         self._char_ids: Optional[mx.array] = None
         self._char_lens: Optional[mx.array] = None
-        object.__setattr__(self, "_embedded", Memo(self))  # id -> embedding, per weights
 
     # -- vocabulary ------------------------------------------------------------------------
 
@@ -218,7 +222,7 @@ class CharAwareSubwordEncoder(Versioned, nn.Module):
         ids, lens = build_char_table(tokenizer, self.vocab_size, self.char_cfg.char_vocab_size)
         # int16 holds any character id (char_vocab_size is 257) at half the memory.
         self._char_ids, self._char_lens = mx.array(ids.astype(np.int16)), mx.array(lens)
-        self._embedded.clear()
+        reset_derived(self)
 
     def spell(self, ids: mx.array) -> Tuple[mx.array, mx.array]:
         """Character ids ``[..., max_len]`` and lengths ``[...]`` of subword ids, on the device."""
@@ -266,7 +270,7 @@ class CharAwareSubwordEncoder(Versioned, nn.Module):
     @property
     def _memo(self) -> Dict[int, mx.array]:
         """The embeddings computed so far for the current weights, by id."""
-        return self._embedded.get(dict)
+        return derived(self, "char.embeddings", dict)
 
     def embed_ids(self, ids: Sequence[int]) -> mx.array:
         """Unmasked embeddings ``[len(ids), hidden]`` of host-side ids, each computed once."""

@@ -30,14 +30,13 @@ from mlx_audio.dsp import hanning, stft
 
 from ..config import CodecConfig
 from .codec_step import CodecDecodeCache, FastStep
-from .version import Versioned
 
 MAX_MAGNITUDE = 100.0  # NeMo's soft ceiling on the decoder's linear STFT magnitude
 NORM_EPS = 1e-6  # ConvNeXt channel LayerNorm
 EXPANSION = 4  # ConvNeXt pointwise expansion
 
 
-class ConvNeXtBlock(Versioned, nn.Module):
+class ConvNeXtBlock(nn.Module):
     """Causal 1-D ConvNeXt block on [B, T, C]; ``tail`` holds the previous ``kernel - 1`` inputs."""
 
     def __init__(self, dim: int, kernel_size: int):
@@ -63,7 +62,7 @@ def _stage_widths(cfg: CodecConfig) -> List[int]:
     return [cfg.base_channels * m for m in cfg.channel_multipliers]
 
 
-class CodecEncoder(Versioned, nn.Module):
+class CodecEncoder(nn.Module):
     """``encoder.layers``: a k1 projection, then per stage ConvNeXt blocks and a strided conv."""
 
     def __init__(self, cfg: CodecConfig):
@@ -84,7 +83,7 @@ class CodecEncoder(Versioned, nn.Module):
         return x
 
 
-class CodecDecoder(Versioned, nn.Module):
+class CodecDecoder(nn.Module):
     """``decoder.layers``: per stage (widest first) a transposed conv with stride = kernel and
     ConvNeXt blocks, then a k1 projection to the STFT channels."""
 
@@ -121,7 +120,7 @@ class CodecDecoder(Versioned, nn.Module):
         return x, new_tails
 
 
-class EMAVariance(Versioned, nn.Module):
+class EMAVariance(nn.Module):
     """``prvq.variance_list.{q}``: a training statistic, loaded so the checkpoint loads strictly."""
 
     def __init__(self):
@@ -129,7 +128,7 @@ class EMAVariance(Versioned, nn.Module):
         self.variance = mx.array(1.0)
 
 
-class PRVQ(Versioned, nn.Module):
+class PRVQ(nn.Module):
     """NeMo's ``PreTrainedProbabilisticVQ``: nearest-mean residual quantization, one codebook
     of ``codebook_size`` means per quantizer."""
 
@@ -162,7 +161,7 @@ class PRVQ(Versioned, nn.Module):
         return z
 
 
-class AudioCodec(Versioned, nn.Module):
+class AudioCodec(nn.Module):
     """``tts_model.audio_codec``: ``encode(wave) -> codes``, ``decode(codes) -> wave`` and the
     streaming ``decode_step``."""
 
@@ -178,7 +177,7 @@ class AudioCodec(Versioned, nn.Module):
         self.prvq = PRVQ(cfg)
         self.decoder = CodecDecoder(cfg)
         self._window = hanning(cfg.n_fft, periodic=True).astype(mx.float32)
-        object.__setattr__(self, "fast_step", FastStep(self))  # kept off the parameter tree
+        self.fast_step = FastStep(self)
 
     # --- constants -------------------------------------------------------------------
 

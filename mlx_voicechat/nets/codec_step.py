@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import _BaseCache
 
 from . import fastpaths
-from .version import Memo
+from .derived import derived
 
 
 class CodecDecodeCache(_BaseCache):
@@ -136,7 +136,6 @@ class FastStep:
     def __init__(self, codec):
         self.codec = codec
         self._fn: Optional[Callable] = None
-        self._weights = Memo(codec)
         self._envelope: Optional[Tuple[mx.array, mx.array]] = None
 
     def applies(self, codes: mx.array, cache: "CodecDecodeCache") -> bool:
@@ -159,7 +158,7 @@ class FastStep:
         """The weights the step reads, in its layouts and order: the stacked codebooks
         [Q, K, latent]; per block the depthwise taps [kernel, C] and [in, out] pointwise
         weights; per transposed conv [in, kernel * out]; the last k1 conv [in, out]. Made
-        again when the weights change (see :mod:`.version`), so the compiled step reads the
+        again when the weights change (see :mod:`.derived`), so the compiled step reads the
         current ones."""
         codec = self.codec
 
@@ -177,7 +176,7 @@ class FastStep:
             mx.eval(out)  # computed now, once, and readable from any thread
             return out
 
-        return self._weights.get(build)
+        return derived(codec, "codec.step_weights", build)
 
     def envelope(self) -> Tuple[mx.array, mx.array]:
         """The squared-window envelope of every one-frame step after the first: the part that

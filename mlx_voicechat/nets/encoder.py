@@ -11,6 +11,7 @@ at a time (:meth:`FastConformer.step_rows` for the rows of a batch).
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -30,7 +31,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
 from ..config import EncoderConfig
 from . import conv_products, fastpaths
 from .layout import as_matrix
-from .version import Memo, Versioned
+from .derived import derived
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
 DEFAULT_CHUNK_FRAMES = 256
@@ -49,7 +50,7 @@ def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
     return ConformerArgs(**{name: given[name] for name in ConformerArgs.__dataclass_fields__})
 
 
-class Subsampling(Versioned, CausalDwStridingSubsampling):
+class Subsampling(CausalDwStridingSubsampling):
     """Causal dw-striding subsampling; lengths computed on the device (no host sync); its
     convolutions as products (``nets.conv_products``)."""
 
@@ -78,7 +79,7 @@ class Subsampling(Versioned, CausalDwStridingSubsampling):
         return x, None if lengths is None else self.output_lengths(lengths)
 
 
-class ContextAttention(Versioned, RelPositionMultiHeadAttention):
+class ContextAttention(RelPositionMultiHeadAttention):
     """Rel-pos attention whose keys / values may start with cached left-context frames.
 
     Keys and values of a frame do not depend on where it sits (the position enters through
@@ -97,11 +98,11 @@ class ContextAttention(Versioned, RelPositionMultiHeadAttention):
             p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
             return mx.contiguous(p.transpose(0, 2, 3, 1))
 
-        memo = self.__dict__.get("_positions")
-        if memo is None:
-            memo = Memo(self, per_thread=True)
-            object.__setattr__(self, "_positions", memo)
-        return memo.get(build, (pos_emb.shape, pos_emb.dtype))
+        mine = derived(self, "encoder.positions", threading.local)
+        key = (pos_emb.shape, pos_emb.dtype)
+        if getattr(mine, "key", None) != key:
+            mine.key, mine.value = key, build()
+        return mine.value
 
     def __call__(self, x, pos, mask=None, cache_kv=None, valid=None):
         """``pos`` is the projected positional embedding (:meth:`positions`): the caller
@@ -131,7 +132,7 @@ class ContextAttention(Versioned, RelPositionMultiHeadAttention):
         return self.linear_out(o), (k, v)
 
 
-class CausalConvolution(Versioned, ConformerConvolution):
+class CausalConvolution(ConformerConvolution):
     """Conformer convolution module whose causal left padding comes from a cache; its
     pointwise convolutions as products (``nets.conv_products``)."""
 
@@ -240,7 +241,7 @@ class EncoderCache:
         return sum(a.nbytes for a in self.arrays())
 
 
-class ConformerLayer(Versioned, ConformerBlock):
+class ConformerLayer(ConformerBlock):
     def __init__(self, args: ConformerArgs):
         super().__init__(args)
         self.self_attn = ContextAttention(args.n_heads, args.d_model, bias=args.use_bias)
@@ -275,7 +276,7 @@ def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, 
     return mx.where(ok, 0.0, NEG_INF)
 
 
-class FastConformer(Versioned, nn.Module):
+class FastConformer(nn.Module):
     """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention)."""
 
     def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
@@ -286,7 +287,6 @@ class FastConformer(Versioned, nn.Module):
         self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
         self.pre_encode = Subsampling(args)
         self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
-        object.__setattr__(self, "_frame_fns", {})  # phase -> Memo of the compiled frame
 
     @property
     def left_context(self) -> Optional[int]:
@@ -374,10 +374,8 @@ class FastConformer(Versioned, nn.Module):
         graph is built by Python once and its elementwise runs fuse. Bit-identical to the
         op-by-op path on each row alone (tested)."""
         phase = caches[0].offset % (self.cfg.att_context_size[1] + 1)
-        memo = self._frame_fns.get(phase)
-        if memo is None:
-            memo = self._frame_fns[phase] = Memo(self)
-        fn = memo.get(lambda: self._frame_fn(phase), fastpaths.enabled("encoder.convs"))
+        convs = fastpaths.enabled("encoder.convs")
+        fn = derived(self, ("encoder.frame", phase), lambda: self._frame_fn(phase), convs)
         pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
         pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
         per_row = [c.arrays() for c in caches]

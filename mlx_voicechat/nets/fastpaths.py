@@ -11,7 +11,7 @@ scale, so that a change upstream fails a test instead of drifting.
 Each entry has one switch (:func:`disabled` turns it off, for a test or to debug) and says when
 it applies; the code that takes it calls :func:`enabled` with its name. The compiled ones read
 their weights as constants of the trace and are rebuilt when the weights change (see
-:mod:`.version`).
+:mod:`.derived`).
 
 Versions: :data:`CHECKED_AGAINST` names the mlx, mlx-lm and mlx-audio releases every entry was
 checked against, and pyproject.toml requires each from that release up to the next minor one

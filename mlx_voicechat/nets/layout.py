@@ -25,7 +25,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .version import bump
+from .derived import reset_derived
 
 _FLAG = "_cpu_layout_done"
 _KEEP = "_keep_row_major"
@@ -34,13 +34,13 @@ _MATRIX = "_cpu_layout_matrix"
 
 def keep_row_major(linear: nn.Linear) -> nn.Linear:
     """Mark ``linear`` as read directly (``weight.reshape`` etc.): it keeps its row-major data."""
-    object.__setattr__(linear, _KEEP, True)
+    setattr(linear, _KEEP, True)
     return linear
 
 
 def as_matrix(conv: nn.Module) -> nn.Module:
     """Mark a pointwise ``conv`` as multiplied as a matrix: :func:`use_cpu_layout` moves it."""
-    object.__setattr__(conv, _MATRIX, True)
+    setattr(conv, _MATRIX, True)
     return conv
 
 
@@ -81,7 +81,7 @@ def use_cpu_layout(model: nn.Module) -> int:
         mx.eval(w)
         module.weight = w
         moved += 1
-    object.__setattr__(model, _FLAG, True)
+    setattr(model, _FLAG, True)
     if moved:
-        bump(model)
+        reset_derived(model)
     return moved

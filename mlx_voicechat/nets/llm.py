@@ -20,12 +20,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.nemotron_h import ModelArgs, NemotronHBlock, NemotronHModel
-from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.ssm import compute_dt
 
 from . import fastpaths
 from .caches import RowCaches
-from .version import Memo, Versioned
+from .derived import derived
 
 
 def mamba_step(
@@ -100,22 +99,11 @@ def row_attention(block: NemotronHBlock, x: mx.array, cache: RowCaches) -> mx.ar
     q = attn.q_proj(h).reshape(B, L, attn.num_heads, -1).transpose(0, 2, 1, 3)
     k = attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
     v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    if B == 1:  # one row: the whole batch
-        c = cache.rows[0]
-        keys, values = c.update_and_fetch(k, v)
-        o = scaled_dot_product_attention(q, keys, values, cache=c, scale=attn.scale, mask=None)
-    else:
-        outs = []
-        for b, c in enumerate(cache.rows):
-            keys, values = c.update_and_fetch(k[b : b + 1], v[b : b + 1])
-            outs.append(
-                scaled_dot_product_attention(q[b : b + 1], keys, values, cache=c, scale=attn.scale, mask=None)
-            )
-        o = mx.concatenate(outs, axis=0)
+    o = cache.attend(q, k, v, attn.scale)
     return x + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-class FusedNemotronH(Versioned, NemotronHModel):
+class FusedNemotronH(NemotronHModel):
     """Nemotron-H layers + ``norm_f`` on precomputed input embeddings.
 
     The checkpoint keeps the token embedding beside the LLM (``stt_model.embed_tokens``), so
@@ -126,7 +114,6 @@ class FusedNemotronH(Versioned, NemotronHModel):
     def __init__(self, args: ModelArgs):
         super().__init__(args)
         self.embeddings = nn.Identity()
-        object.__setattr__(self, "_plan", Memo(self))
 
     def __call__(self, embeds: mx.array, cache: Optional[List[Any]] = None) -> mx.array:
         if self._steppable(embeds, cache):
@@ -175,8 +162,8 @@ class FusedNemotronH(Versioned, NemotronHModel):
 
     def _step_plan(self) -> List[Tuple[str, Any, List[int]]]:
         """Segments: ``("attn", block, [cache index])`` or ``("run", fn, [cache indices])``,
-        for the current weights (see :mod:`.version`)."""
-        return self._plan.get(self._build_plan)
+        for the current weights (see :mod:`.derived`)."""
+        return derived(self, "llm.step_plan", self._build_plan)
 
     def _build_plan(self) -> List[Tuple[str, Any, List[int]]]:
         plan, run, run_caches, ci = [], [], [], 0

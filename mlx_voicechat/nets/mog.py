@@ -27,10 +27,10 @@ from ..noise import NoiseSource
 from . import fastpaths
 from .char_encoder import OffsetRMSNorm
 from .layout import keep_row_major, on_cpu
-from .version import Memo, Versioned
+from .derived import derived
 
 
-class MLPLayer(Versioned, nn.Module):
+class MLPLayer(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, eps: float):
         super().__init__()
         self.pre_norm = OffsetRMSNorm(hidden_size, eps)
@@ -53,7 +53,7 @@ def top_p_filter(logits: mx.array, top_p: float) -> mx.array:
     return mx.where(drop, -mx.inf, logits)
 
 
-class MoGHead(Versioned, nn.Module):
+class MoGHead(nn.Module):
     """``mog_head``: mixture weights, a low-rank mean per component and one shared log-std."""
 
     def __init__(self, hidden_size: int, out_size: int, cfg: MoGHeadConfig):
@@ -146,9 +146,6 @@ class CodeSampler:
 
     def __init__(self, tts):
         self.tts = tts
-        self._tables = Memo(tts)
-        self._books = Memo(tts)
-        self._compiled = Memo(tts)
 
     def __call__(self, hidden: mx.array, noise: NoiseSource) -> mx.array:
         tts = self.tts
@@ -159,7 +156,7 @@ class CodeSampler:
             return self.sample(hidden[:, -1:], books, noise)
         cfg = tts.cfg
         settings = (tuple(cfg.mask_schedule()), cfg.guidance_scale, cfg.top_p, cfg.noise_scale)
-        fn = self._compiled.get(self._build, settings)
+        fn = derived(tts, "mog.sampling", self._build, settings)
         return fn(hidden[:, -1], self.codebooks(), self.draw_noise(noise, hidden.shape[0] // 2))
 
     # -- tables ----------------------------------------------------------------------------
@@ -174,7 +171,7 @@ class CodeSampler:
             padded = mx.concatenate([e, mx.zeros((Q, 1, D))], axis=1).reshape(Q * (V + 1), D)
             return padded, (e * e).sum(-1)
 
-        return self._tables.get(build)
+        return derived(self.tts, "mog.tables", build)
 
     def split_codebooks(self, table: mx.array, sq_norms: mx.array, row_major_t: bool) -> Books:
         """Per codebook: its rows of the padded table ``[V, D]``, their transpose (a view, or
@@ -190,7 +187,9 @@ class CodeSampler:
         """:meth:`split_codebooks` once per weights for the compiled sampling. On the CPU the
         transposes are row-major copies: ``r @ e.T`` is then BLAS's plain case, with the same
         sums in the same order (see :mod:`.layout`)."""
-        return self._books.get(lambda: self.split_codebooks(*self.tables(), on_cpu()), on_cpu())
+        cpu = on_cpu()
+        build = lambda: self.split_codebooks(*self.tables(), cpu)  # noqa: E731
+        return derived(self.tts, "mog.books", build, cpu)
 
     # -- sampling --------------------------------------------------------------------------
 

@@ -15,12 +15,11 @@ import mlx.nn as nn
 from ..config import AudioConfig, PreprocessorConfig
 from .encoder import DEFAULT_CHUNK_FRAMES, FastConformer
 from .mel import LogMel, check_preprocessor
-from .version import Versioned
 
 # --- log-mel front-end ---------------------------------------------------------------------
 
 
-class Featurizer(Versioned, nn.Module):
+class Featurizer(nn.Module):
     """NeMo ``FilterbankFeatures`` buffers: the mel filterbank and the analysis window."""
 
     def __init__(self, cfg: PreprocessorConfig):
@@ -29,7 +28,7 @@ class Featurizer(Versioned, nn.Module):
         self.window = mx.zeros((cfg.win_length,))
 
 
-class Preprocessor(Versioned, nn.Module):
+class Preprocessor(nn.Module):
     """NeMo's ``AudioToMelSpectrogramPreprocessor``: its config and the checkpoint's buffers."""
 
     def __init__(self, cfg: PreprocessorConfig):
@@ -47,7 +46,7 @@ class Preprocessor(Versioned, nn.Module):
 # --- perception --------------------------------------------------------------------------------
 
 
-class Perception(Versioned, nn.Module):
+class Perception(nn.Module):
     """``stt_model.perception``: log-mel -> FastConformer -> ``proj`` (the LLM audio channel)."""
 
     def __init__(self, audio_config: AudioConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):

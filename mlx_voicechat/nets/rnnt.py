@@ -23,7 +23,7 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNe
 from ..config import RNNTDecoderConfig, RNNTJointConfig
 from . import fastpaths
 from .layout import on_cpu
-from .version import Memo, Versioned
+from .derived import derived
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
 LOOKAHEAD_FRAMES = 16
@@ -32,7 +32,7 @@ LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
 
 
-class StackedLSTM(Versioned, LSTM):
+class StackedLSTM(LSTM):
     """mlx-audio's stacked LSTM, fed batch-first: its time-major transpose makes
     ``nn.LSTM`` read the time axis as the batch, which is only right for one step."""
 
@@ -46,7 +46,7 @@ class StackedLSTM(Versioned, LSTM):
         return x, (mx.stack(next_h), mx.stack(next_c))
 
 
-class RNNTDecoder(Versioned, PredictNetwork):
+class RNNTDecoder(PredictNetwork):
     """``stt_model.rnnt_decoder``: embedding (+ the blank row) and the stacked LSTM.
 
     ``__call__(y [B, U] or None, state)`` -> (outputs [B, U, H], (h, c) each [layers, B, H]);
@@ -71,11 +71,7 @@ class RNNTDecoder(Versioned, PredictNetwork):
         if not fastpaths.enabled("rnnt.lstm_step") or first.dtype != mx.float32 or not on_cpu():
             out, state = self(y[:, None], state)
             return out[:, -1], state
-        memo = self.__dict__.get("_columns")
-        if memo is None:
-            memo = Memo(self)
-            object.__setattr__(self, "_columns", memo)
-        columns = memo.get(self._column_weights)
+        columns = derived(self, "rnnt.lstm_columns", self._column_weights)
         x = self.prediction["embed"](y)
         h, c = state
         hs, cs = [], []
@@ -107,7 +103,7 @@ class RNNTDecoder(Versioned, PredictNetwork):
         return self.prediction["dec_rnn"](x, state)
 
 
-class RNNTJoint(Versioned, JointNetwork):
+class RNNTJoint(JointNetwork):
     """``stt_model.rnnt_joint``: enc / pred Linear, activation, ``joint_net.2`` to vocab + blank."""
 
     def __init__(self, cfg: RNNTJointConfig):
@@ -166,8 +162,6 @@ class FrameDecoder:
             )
         self.decoder, self.joint = decoder, joint
         self.blank, self.steps = joint.blank_id, int(max_symbols)
-        self._compiled = Memo(decoder, joint)
-        self._start = Memo(decoder, joint)
 
     def start(self):
         """``(h, c, pred)`` of a stream before its first token: ``[layers, 1, H]`` twice and
@@ -179,12 +173,14 @@ class FrameDecoder:
             mx.eval(*state)
             return state
 
-        return self._start.get(build)
+        return derived(self.joint, "rnnt.start", build)
 
     def __call__(self, enc_proj, h, c, pred):
         if not fastpaths.enabled("rnnt.frame"):
             return frame_greedy(self.decoder, self.joint, enc_proj, h, c, pred, self.blank, self.steps)
-        fn = self._compiled.get(
+        fn = derived(
+            self.joint,
+            "rnnt.frame",
             lambda: mx.compile(
                 lambda e, h, c, p: frame_greedy(self.decoder, self.joint, e, h, c, p, self.blank, self.steps)
             ),

@@ -26,12 +26,11 @@ from ..noise import NoiseSource
 from .char_encoder import CharAwareSubwordEncoder, OffsetRMSNorm
 from .mog import CodeSampler, MoGHead
 from .tts_backbone import Backbone
-from .version import Versioned
 
 TextId = Union[int, np.integer, mx.array]
 
 
-class GatedFusion(Versioned, nn.Module):
+class GatedFusion(nn.Module):
     """``gated_fusion_audio_text``: a learned per-channel mix of the code and text streams."""
 
     def __init__(self, hidden_size: int, num_codebooks: int, eps: float):
@@ -52,7 +51,7 @@ class GatedFusion(Versioned, nn.Module):
         return self.final_norm(res * (gate * a + (1 - gate) * t))
 
 
-class EarTTS(Versioned, nn.Module):
+class EarTTS(nn.Module):
     def __init__(
         self, tts_cfg: TTSConfig, vocab_size: int, text_eos_id: int = 2, text_pad_id: int = 12
     ):
@@ -75,7 +74,7 @@ class EarTTS(Versioned, nn.Module):
         self.rvq_embs = mx.zeros((cfg.num_quantizers, cfg.codebook_size, cfg.latent_size))
         self.bos_emb = mx.zeros((H,))
         self.null_emb = mx.zeros((H,))
-        object.__setattr__(self, "sampler", CodeSampler(self))
+        self.sampler = CodeSampler(self)
 
     def make_cache(self) -> list:
         return self.backbone.make_cache()

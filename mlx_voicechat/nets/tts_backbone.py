@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma3_text
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.models.gemma3_text import clip_residual
 
@@ -27,7 +27,7 @@ from ..config import TTSConfig
 from . import fastpaths
 from .caches import RowCaches
 from .char_encoder import OffsetRMSNorm
-from .version import Memo, Versioned
+from .derived import derived
 
 
 def _gemma_args(cfg: TTSConfig) -> gemma3_text.ModelArgs:
@@ -37,7 +37,7 @@ def _gemma_args(cfg: TTSConfig) -> gemma3_text.ModelArgs:
     )
 
 
-class BackboneBlock(Versioned, gemma3_text.TransformerBlock):
+class BackboneBlock(gemma3_text.TransformerBlock):
     def __init__(self, args: gemma3_text.ModelArgs, layer_idx: int):
         super().__init__(args, layer_idx)
         # transformers' Gemma3RMSNorm adds 1 to the float32 weight; mlx-lm rounds it in bf16.
@@ -69,7 +69,7 @@ def _end(layer, h, o):
     return clip_residual(h, layer.post_feedforward_layernorm(r))
 
 
-class Backbone(Versioned, nn.Module):
+class Backbone(nn.Module):
     """Gemma-3 layers + final norm on injected embeddings (``backbone.*``)."""
 
     def __init__(self, cfg: TTSConfig):
@@ -78,7 +78,6 @@ class Backbone(Versioned, nn.Module):
         args = _gemma_args(cfg)
         self.layers = [BackboneBlock(args, i) for i in range(cfg.num_hidden_layers)]
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        object.__setattr__(self, "_segments", Memo(self))
 
     def make_cache(self) -> list:
         """One conversation's caches (two rows: conditioned and unconditioned)."""
@@ -123,13 +122,13 @@ class Backbone(Versioned, nn.Module):
         """One position ``[2 B, 1, H]`` on filled caches; the same bits as the layers one by
         one, conversation by conversation. A single position needs no mask (mlx-lm's, and a
         sliding cache holds only the window)."""
-        segments = self._segments.get(self._build_segments)
+        segments = derived(self, "tts.backbone_segments", self._build_segments)
         # Every layer of a conversation has seen as many positions: one offset per row pair.
         offsets = mx.array([c.offset for c in cache[0].rows for _ in (0, 1)], dtype=mx.int32)
         q, k, v = segments[0](h, offsets)
         n = len(self.layers)
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            o = _row_attention(layer.self_attn, c, q, k, v)
+            o = c.attend(q, k, v, layer.self_attn.scale)
             if i + 1 < n:
                 h, q, k, v = segments[i + 1](h, o, offsets)
             else:
@@ -156,16 +155,3 @@ class Backbone(Versioned, nn.Module):
             mx.compile(last)
         ]
 
-
-def _row_attention(attn, cache: RowCaches, q, k, v) -> mx.array:
-    """Each conversation's two rows attend over that conversation's own cache."""
-    if len(cache.rows) == 1:  # one conversation: its rows are the whole batch
-        c = cache.rows[0]
-        keys, values = c.update_and_fetch(k, v)
-        return scaled_dot_product_attention(q, keys, values, cache=c, scale=attn.scale, mask=None)
-    outs = []
-    for b, c in enumerate(cache.rows):
-        rows = slice(2 * b, 2 * b + 2)
-        keys, values = c.update_and_fetch(k[rows], v[rows])
-        outs.append(scaled_dot_product_attention(q[rows], keys, values, cache=c, scale=attn.scale, mask=None))
-    return mx.concatenate(outs, axis=0)

@@ -38,7 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..nets import fastpaths
-from ..nets.version import Memo
+from ..nets.derived import derived
 
 NO_TOKEN = -1
 WINDOW = 8  # frames whose joint one call evaluates under one prediction (offline rounds)
@@ -125,17 +125,6 @@ class GreedyDecoder:
         self.blank = net.config.blank_id
         self.max_symbols = net.config.max_symbols
         self.batch = batch
-        # One compiled step per model and batch size, shared by its decoders (sessions).
-        cache = net.__dict__.get("_greedy_steps")
-        if cache is None:
-            cache = {}
-            object.__setattr__(net, "_greedy_steps", cache)
-        if batch not in cache:
-            cache[batch] = Memo(net.decoder, net.joint)
-        self._frozen = cache[batch]
-        if "scan" not in cache:
-            cache["scan"] = Memo(net.decoder, net.joint)
-        self._scans = cache["scan"]
         self.reset()
 
     def reset(self) -> None:
@@ -208,7 +197,9 @@ class GreedyDecoder:
         last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
         length = mx.array(lengths, dtype=mx.int32)
         lstm = fastpaths.enabled("rnnt.lstm_step")  # traced into the step
-        fn = self._frozen.get(lambda: build_step(self.net), (B, self.blank, self.max_symbols, lstm))
+        # One compiled step per model and batch size, shared by its decoders (sessions).
+        key = (B, self.blank, self.max_symbols, lstm)
+        fn = derived(self.net, ("asr.greedy_step", B), lambda: build_step(self.net), key)
         w = mx.arange(W, dtype=mx.int32)
         index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])
         pred, h, c, t, sym = self._pred, self._h, self._c, self._t, self._sym
@@ -233,9 +224,9 @@ class GreedyDecoder:
         row = self.rows[0]
         a = row.frame - self._start
         e = self._frames[:, a : a + W]
-        scan, predict_scan = self._scans.get(
-            lambda: build_scan(self.net), fastpaths.enabled("rnnt.lstm_step")
-        )
+        lstm = fastpaths.enabled("rnnt.lstm_step")
+        build = lambda: build_scan(self.net)  # noqa: E731
+        scan, predict_scan = derived(self.net, "asr.greedy_scan", build, lstm)
         if self._next is None:
             labels = scan(e, self._pred)
         else:

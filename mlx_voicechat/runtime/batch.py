@@ -31,7 +31,6 @@ from .events import EventBook, FrameEvent, Queued
 from .framestate import NO_ID, FrameState, grow_chain, open_live, open_state, state_ready
 from .live import ReadLayout, queue_frame, read
 from .request import check_extra_seconds, resolve
-from .state import memory_per_minute
 from .step import prefill
 from .threads import note_mlx_thread
 from .tools import ToolError, tool_result_ids
@@ -135,7 +134,7 @@ class SessionHandle:
 
     def memory_per_minute(self) -> dict:
         """Bytes the conversation's caches grow by per minute (see the README)."""
-        return memory_per_minute(self.batch.model)
+        return self.batch.model.memory_per_minute()
 
     @property
     def prefill_rows(self) -> int:

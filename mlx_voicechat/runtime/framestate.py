@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import ArraysCache
 
 from ..nets.caches import RowCaches, arrays_cache, cache_arrays, merge_rows, put_rows, take_rows
-from ..nets.version import Memo
+from ..nets.derived import derived
 from ..noise import NoiseSource, RowNoise
 from .promptchain import PromptChain
 from .request import Request
@@ -208,15 +208,7 @@ def warmup_codes(model) -> mx.array:
         mx.eval(init)
         return init
 
-    return _memo(model, "_warmup").get(build)
-
-
-def _memo(model, name: str) -> Memo:
-    memo = model.__dict__.get(name)
-    if memo is None:
-        memo = Memo(model)
-        object.__setattr__(model, name, memo)
-    return memo
+    return derived(model, "warmup_codes", build)
 
 
 def _embed(model, ids) -> mx.array:
@@ -228,7 +220,7 @@ def prompt_chain(model, seed: int) -> PromptChain:
     first use, kept for the last few seeds)."""
     note_mlx_thread()
     cfg = model.config
-    memo = _memo(model, "_chains").get(OrderedDict)
+    memo = derived(model, "prompt_chains", OrderedDict)
     key = (cfg.speaker, seed)
     with _snapshot_lock:
         chain = memo.get(key)
@@ -315,7 +307,7 @@ def state_ready(model, request: Request) -> bool:
     as its memory bound lets it be). A caller's own noise source always steps."""
     if request.noise is not None:
         return False
-    memo = _memo(model, "_snapshots").get(OrderedDict)
+    memo = derived(model, "snapshots", OrderedDict)
     if (tuple(request.prompt_ids), request.seed) in memo:
         return True
     chain = prompt_chain(model, request.seed)
@@ -334,7 +326,7 @@ def open_state(model, request: Request, progress=None) -> FrameState:
     noise source steps the TTS over the prompt (its draws are not the seed's)."""
     if request.noise is not None:
         return start_state(model, request, request.noise, progress)
-    memo = _memo(model, "_snapshots").get(OrderedDict)
+    memo = derived(model, "snapshots", OrderedDict)
     key = (tuple(request.prompt_ids), request.seed)
     with _snapshot_lock:
         snap = memo.get(key)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Callable, FrozenSet, Iterable, List, Optional, Tuple
 
 from mlx_voicechat.errors import VoiceChatError
+from mlx_voicechat.nets.char_encoder import tokenizer_vocab
 
 MAX_CALL_TOKENS = 1024  # ~82 s of function channel at one token per 80 ms frame
 
@@ -41,18 +42,8 @@ class ToolCall:
 # --- markers ------------------------------------------------------------------------------
 
 
-def _vocab(tokenizer) -> Optional[Dict[str, int]]:
-    get_vocab = getattr(tokenizer, "get_vocab", None)
-    if get_vocab is None:
-        return None
-    try:
-        return dict(get_vocab(with_added_tokens=True))  # tokenizers.Tokenizer
-    except TypeError:
-        return dict(get_vocab())  # transformers tokenizers include added tokens
-
-
 def _token_id(tokenizer, token: str) -> Optional[int]:
-    vocab = _vocab(tokenizer)
+    vocab = tokenizer_vocab(tokenizer)
     if vocab is not None:
         i = vocab.get(token)
         return None if i is None else int(i)

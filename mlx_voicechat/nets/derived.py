@@ -1,0 +1,33 @@
+"""Values made from a module's weights and kept for the next call: compiled functions that
+hold the weights as constants of their trace (see :mod:`.fastpaths`) and tables laid out from
+them (the padded RVQ table, the codec step's weights, embeddings per id, ...).
+
+:func:`derived` builds one on first use and keeps it on the module; :func:`reset_derived`
+drops all of a model's. Whatever changes weights calls it: ``VoiceChatModel.update`` /
+``update_modules`` (so ``load_weights``, ``set_dtype`` and ``nn.quantize(model)``) and the CPU
+layout. After changing a part's weights yourself (``model.tts.update(...)``, an array
+written in place), call ``reset_derived(model)``.
+
+Not ``mx.compile(fn, inputs=module.state)``: the tables need dropping anyway, and the compiled
+TTS backbone and LLM steps were no faster with their weights as inputs (small model, CPU).
+"""
+
+from typing import Any, Callable, Hashable
+
+import mlx.nn as nn
+
+
+def derived(module: nn.Module, name: str, build: Callable[[], Any], key: Hashable = None) -> Any:
+    """``module``'s value ``name``: what ``build()`` made for its current weights and ``key``
+    (made again when ``key`` differs from the last call's, or after :func:`reset_derived`)."""
+    store = module.__dict__.setdefault("_derived", {})
+    entry = store.get(name)
+    if entry is None or entry[0] != key:
+        entry = store[name] = (key, build())
+    return entry[1]
+
+
+def reset_derived(model: nn.Module) -> None:
+    """Drop every value derived from the weights of ``model`` and its sub-modules."""
+    for m in model.modules():
+        m.__dict__.pop("_derived", None)
