@@ -120,8 +120,8 @@ class Record:
 
 
 def noise_track(sound_seconds: float):
-    """The WebRTC tests' paced microphone (tests/webrtc_support.py): noise, then silence."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    """The WebRTC tests' paced microphone (tests/support/webrtc_support.py): noise, then silence."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from webrtc_support import Noise
 
     return Noise(sound=sound_seconds)

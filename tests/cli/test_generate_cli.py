@@ -13,7 +13,7 @@ from mlx_voicechat.errors import VoiceChatError
 from mlx_voicechat.runtime.audio import AudioError
 from mlx_voicechat.errors import GenerationError
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPF = 1764
 
 

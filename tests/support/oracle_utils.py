@@ -6,7 +6,7 @@ import mlx.core as mx
 
 from mlx_voicechat.weights.sanitize import sanitize_module
 
-ORACLE = Path(__file__).parent / "fixtures" / "oracle"
+ORACLE = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
 
 
 def strip_prefix(weights, prefix):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import mlx_voicechat_boot  # noqa: E402  (the start-up hook's own module)
 
@@ -26,7 +26,7 @@ needs_openblas = pytest.mark.skipif(
 
 
 def _child(code: str, blas: str = "", timeout: float = 600):
-    env = dict(os.environ, MLX_VOICECHAT_BLAS=blas, PYTHONPATH=str(ROOT / "tests"))
+    env = dict(os.environ, MLX_VOICECHAT_BLAS=blas, PYTHONPATH=str(ROOT / "tests" / "support"))
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
         timeout=timeout, cwd=str(ROOT),

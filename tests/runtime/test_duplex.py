@@ -164,7 +164,7 @@ def test_same_seed_across_processes(tiny_checkpoints, tmp_path):
             ],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).parent.parent,
+            cwd=Path(__file__).resolve().parents[2],
             timeout=300,
         )
         assert res.returncode == 0, res.stderr

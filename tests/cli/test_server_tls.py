@@ -21,7 +21,7 @@ from test_server_cli import parse, started  # noqa: F401  (the CLI tests' fixtur
 
 from mlx_voicechat.cli import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def self_signed(folder: Path, host: str = "127.0.0.1"):

@@ -29,7 +29,7 @@ from websockets.sync.client import connect  # noqa: E402
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
 from mlx_voicechat.serve.worker import Worker, WorkerStopped  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "operator-key"
 SILENCE_1S = base64.b64encode(bytes(2 * 24000)).decode()  # 1 s of pcm16 at 24 kHz
 PROMPT_TOKENS = 3500

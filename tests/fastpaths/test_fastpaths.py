@@ -64,7 +64,7 @@ def _pyproject_bounds():
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         tomllib = pytest.importorskip("tomli")
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     project = tomllib.loads(text)["project"]
     lines = project["dependencies"] + [r for rs in project["optional-dependencies"].values() for r in rs]
     bounds = {}

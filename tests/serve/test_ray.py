@@ -40,7 +40,7 @@ from test_server import Client, pcm  # noqa: E402  (this folder's: until(), the 
 from mlx_voicechat.serve.ray_app import REPORT_SECONDS, start_serve  # noqa: E402
 from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0  # seconds, any single wait on a server
 STARTUP = 120.0  # seconds for a cluster or a replica to start (model load and warm-up)
 AUDIO = 0.6  # seconds of client audio per session

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 20000  # the child's soft open-file limit where the hard one allows (`ulimit -n 20000`)
 FEW, MANY = 1000, 5000  # --max-connections: 2128 and 10128 files
 

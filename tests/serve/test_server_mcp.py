@@ -168,7 +168,7 @@ def test_runner_turns_every_failure_into_a_failed_call_the_model_hears():
 
     from mlx_voicechat.serve.mcp_tools import McpRunner
 
-    server = Path(__file__).with_name("mcp_server.py")
+    server = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
     proc = subprocess.Popen([sys.executable, str(server), "http", "--only", "hang,fail,big,die"],
                             stdout=subprocess.PIPE, text=True)
     try:

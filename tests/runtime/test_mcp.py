@@ -24,7 +24,7 @@ from mlx_voicechat.runtime.mcp import (  # noqa: E402
 )
 from mlx_voicechat.runtime.tools import ToolCall, tool_result_ids  # noqa: E402
 
-SERVER = str(Path(__file__).with_name("mcp_server.py"))
+SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_server.py")
 
 
 def stdio(only):

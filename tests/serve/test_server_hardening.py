@@ -41,7 +41,7 @@ from test_server import (  # noqa: E402  (the server tests' helpers)
     ws_url,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 20.0  # seconds, any single wait on the server
 SECRET = "query-string-secret-1234"
 
