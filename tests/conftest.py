@@ -6,6 +6,7 @@ device for the whole run): how ``benchmarks/bench_device.py`` runs the oracle te
 import os
 
 import pytest
+from server_support import model, worker  # noqa: F401  (the server tests' shared fixtures)
 
 _TEST_DEVICE = os.environ.get("MLX_VOICECHAT_TEST_DEVICE", "").strip().lower()
 if _TEST_DEVICE:

@@ -4,7 +4,7 @@ fake capture device), shows the words as they come and ends the item on "End ite
 only when no Chromium is installed (the browser test module's helpers drive it)."""
 
 import pytest
-from test_browser import CHROMIUM, chromium, page_state, wait_for, write_microphone_wav
+from browser_harness import CHROMIUM, chromium, page_state, wait_for, write_microphone_wav
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed")
 

@@ -7,17 +7,12 @@ import json
 import numpy as np
 import pytest
 from test_session import _noise, _same_as_offline, offline04  # noqa: F401 (a fixture)
+from tool_specs import WEATHER
 
 from mlx_voicechat.errors import SessionError
 from mlx_voicechat.runtime.batch import SessionBatch
 from mlx_voicechat.runtime.tools import ToolError
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 CALL = '<TOOLCALL>[{"name":"get_weather","arguments":{}}]</TOOLCALL>'
 
 

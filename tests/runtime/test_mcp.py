@@ -1,11 +1,10 @@
 """MCP tools that run (runtime.mcp, chat --mcp): small MCP servers of the tests' own
-(``tests/mcp_server.py``, over stdio and streamable HTTP on 127.0.0.1), their tools as the
+(``tests/support/mcp_server.py``, over stdio and streamable HTTP on 127.0.0.1), their tools as the
 model's, calls forced on the function channel, every failure a result the model hears, and
 nothing left running after the conversation."""
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,25 +22,7 @@ from mlx_voicechat.runtime.mcp import (  # noqa: E402
     require_sdk,
 )
 from mlx_voicechat.runtime.tools import ToolCall, tool_result_ids  # noqa: E402
-
-SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_server.py")
-
-
-def stdio(only):
-    return {"command": sys.executable, "args": [SERVER, "stdio", "--only", only]}
-
-
-@pytest.fixture(scope="module")
-def http_url():
-    """The test server over streamable HTTP on a free 127.0.0.1 port (stopped after)."""
-    proc = subprocess.Popen([sys.executable, SERVER, "http"], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.kill()
-        proc.wait(10)
-
+from mcp_support import SERVER, http_url, stdio  # noqa: E402, F401  (http_url: a fixture)
 
 def gone(pid):
     """The process has ended (a zombie counts: its parent, this process, may not have reaped

@@ -5,16 +5,10 @@ import json
 
 import numpy as np
 import pytest
+from tool_specs import WEATHER
 
 from mlx_voicechat.runtime import request
 from mlx_voicechat.runtime.tools import ToolError, render_system_prompt, tool_result_ids
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 
 
 def _wave(seconds, seed=1):

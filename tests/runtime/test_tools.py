@@ -5,6 +5,7 @@ import random
 import re
 
 import pytest
+from tool_specs import WEATHER_CITY_REQUIRED as WEATHER
 from transformers import PreTrainedTokenizerFast
 
 from mlx_voicechat.errors import VoiceChatError
@@ -42,16 +43,6 @@ The user will execute tool-calls and return responses from tool(s) in this forma
 
 Based on the tool responses, you can call additional tools if needed, correct tool calls if any errors are found, or just respond to the user."""
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 WEATHER_JSON = (
     '[{"description": "Current weather for a city.", "name": "get_weather", "parameters": '
     '{"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}]'

@@ -30,7 +30,6 @@ from framework_support import (  # noqa: E402
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins import openai as lk_openai  # noqa: E402
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
 
 RATE = 24000
 

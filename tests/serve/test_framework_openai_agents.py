@@ -23,7 +23,6 @@ from framework_support import (  # noqa: E402
     tone,
     until,
 )
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
 
 CITIES: list = []
 

@@ -57,7 +57,6 @@ from pipecat.services.openai.realtime.events import (  # noqa: E402
     SessionProperties,
 )
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noqa: E402
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
 
 WEATHER = FunctionSchema(
     name=TOOL_NAME,

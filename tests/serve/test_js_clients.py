@@ -26,8 +26,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from test_server_tls import self_signed
-from test_server_tools import Recording
+from framework_support import Recording
+from tls_support import self_signed
 
 from mlx_voicechat.serve.app import ServerThread, create_app
 from mlx_voicechat.serve.worker import Worker

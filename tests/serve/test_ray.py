@@ -35,7 +35,7 @@ openai = pytest.importorskip("openai")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
-from test_server import Client, pcm  # noqa: E402  (this folder's: until(), the PCM encoding)
+from server_support import Client, pcm  # noqa: E402  (until(), the PCM encoding)
 
 from mlx_voicechat.serve.ray_app import REPORT_SECONDS, start_serve  # noqa: E402
 from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402

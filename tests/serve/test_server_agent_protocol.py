@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from test_server_protocol import error_code, frame, pcm, send, started
+from server_support import error_code, frame, pcm, send, started
 
 from mlx_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.protocol import Realtime, Start

@@ -27,17 +27,16 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
-from mlx_voicechat.serve.app import WS_MAX_SIZE, ServerThread, create_app  # noqa: E402
+from mlx_voicechat.serve.app import WS_MAX_SIZE, create_app  # noqa: E402
 from mlx_voicechat.serve.connection import Conversation  # noqa: E402
 from mlx_voicechat.serve.limits import Limits, raise_open_file_limit  # noqa: E402
 from mlx_voicechat.serve.protocol import MAX_EVENT_BYTES, encode_pcm16  # noqa: E402
-from mlx_voicechat.serve.worker import Worker  # noqa: E402
-from test_server import (  # noqa: E402  (the server tests' helpers)
+from server_support import (  # noqa: E402  (the server tests' helpers)
     connect,
     noise,
     pcm,
     run,
-    short_turn_model,
+    serve_app,
     ws_url,
 )
 
@@ -50,40 +49,25 @@ SECRET = "query-string-secret-1234"
 
 
 @pytest.fixture(scope="module")
-def worker():
-    return Worker.shared()
-
-
-@pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from mlx_voicechat.factory import make_checkpoint
 
     return make_checkpoint(tmp_path_factory.mktemp("hardening") / "tiny", "tiny", seed=0)
 
 
-@pytest.fixture(scope="module")
-def model(checkpoint, worker):
-    """The tiny model with its EOS and silence rows scaled up, so that it takes short turns."""
-    return worker.submit(short_turn_model, checkpoint).result()
-
-
 @pytest.fixture
 def serve(model, worker):
     """Start servers of ``create_app(model, **options)``; all stop at the test's end."""
-    started = []
+    with contextlib.ExitStack() as stack:
 
-    def start(limits=None, log_level="warning", **options):
-        options.setdefault("silence_feed", False)
-        options.setdefault("warmup", False)
-        s = ServerThread(
-            create_app(model, worker=worker, **options), log_level=log_level, limits=limits
-        )
-        started.append(s.__enter__())
-        return s
+        def start(limits=None, log_level="warning", **options):
+            options.setdefault("silence_feed", False)
+            options.setdefault("warmup", False)
+            return stack.enter_context(
+                serve_app(model, worker, log_level=log_level, limits=limits, **options)
+            )
 
-    yield start
-    for s in started:
-        s.__exit__(None, None, None)
+        yield start
 
 
 def http(server, path, headers=None):

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from test_server_protocol import frame, pcm, send
+from server_support import frame, pcm, send
 
 pytest.importorskip("mcp", reason="the [mcp] extra (the official MCP SDK) is not installed")
 from mcp.types import Tool  # noqa: E402
@@ -215,9 +215,8 @@ def test_runner_turns_every_failure_into_a_failed_call_the_model_hears():
 
 pytest.importorskip("fastapi")
 pytest.importorskip("websockets")
-from test_mcp import http_url  # noqa: E402, F401, F811  (the MCP test server over HTTP)
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
-from test_server_tools import Recording  # noqa: E402
+from framework_support import Recording  # noqa: E402
+from mcp_support import http_url  # noqa: E402, F401, F811  (the MCP test server over HTTP)
 
 
 def test_stock_openai_client_lists_and_a_forced_call_completes(model, worker, http_url, caplog):

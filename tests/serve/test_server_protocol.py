@@ -5,8 +5,8 @@ import base64
 import json
 
 import numpy as np
+from server_support import error_code, frame, pcm, send, started
 
-from mlx_voicechat.runtime.session import FrameEvent
 from mlx_voicechat.serve.protocol import (
     MAX_EVENT_BYTES,
     Append,
@@ -17,44 +17,6 @@ from mlx_voicechat.serve.protocol import (
     Start,
     encode_pcm16,
 )
-
-
-def pcm(samples) -> str:
-    return base64.b64encode(np.asarray(samples, "<i2").tobytes()).decode()
-
-
-def send(p, **event):
-    return p.receive(json.dumps(event))
-
-
-def frame(i, turn=None, speaking=False, text="", transcript="", value=0.1):
-    return FrameEvent(
-        index=i,
-        text_id=0,
-        function_id=0,
-        codes=np.zeros(8, np.int32),
-        audio=np.full(1764, value * (i + 1) / 10, np.float32),
-        text=text,
-        transcript=transcript,
-        turn=turn,
-        speaking=speaking,
-    )
-
-
-def started(**session):
-    p = Realtime("m")
-    p.open()
-    if session:
-        events, _ = send(p, type="session.update", session=session)
-        assert events[0]["type"] == "session.updated", events
-    events, commands = send(p, type="input_audio_buffer.append", audio=pcm(np.zeros(320)))
-    return p, commands
-
-
-def error_code(events):
-    assert len(events) == 1 and events[0]["type"] == "error", events
-    assert events[0]["event_id"]
-    return events[0]["error"]["code"]
 
 
 def test_session_created_and_updated_ga_and_beta():

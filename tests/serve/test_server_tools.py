@@ -7,17 +7,11 @@ import json
 
 import numpy as np
 import pytest
-from test_server_protocol import error_code, frame, pcm, send, started
+from server_support import error_code, frame, pcm, send, started
+from tool_specs import WEATHER
 
 from mlx_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.protocol import Start, ToolResult
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 
 
 def test_tools_in_the_session_and_a_call_out_and_its_result_in():
@@ -83,11 +77,10 @@ def test_a_malformed_call_is_an_error_event_and_the_session_goes_on():
 pytest.importorskip("fastapi")
 websockets = pytest.importorskip("websockets")
 from framework_support import Recording  # noqa: E402  (records the sessions the server opens)
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
 
 
 def test_function_call_output_over_the_socket(model, worker):
-    from test_server import connect, native_rates
+    from server_support import connect, native_rates
 
     from mlx_voicechat.serve.app import ServerThread, create_app
 

@@ -129,7 +129,7 @@ def test_the_events_name_the_user_item_and_the_session_says_server_vad(speech):
 
 pytest.importorskip("fastapi")
 websockets = pytest.importorskip("websockets")
-from test_server import connect, model, native_rates, pcm, worker  # noqa: F401
+from server_support import connect, native_rates, pcm
 
 
 def test_speech_events_over_the_socket_at_real_time(model, worker, speech):  # noqa: F811

@@ -21,7 +21,6 @@ from aiortc import (  # noqa: E402 (after the importorskip)
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
 from webrtc_support import Noise  # noqa: E402
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402

@@ -22,8 +22,7 @@ import pytest
 pytest.importorskip("aiortc")
 pytest.importorskip("selenium")
 
-from test_browser import CHROMIUM, chromium, write_microphone_wav  # noqa: E402
-from test_server import model, worker  # noqa: E402, F401  (the server tests' fixtures)
+from browser_harness import CHROMIUM, chromium, write_microphone_wav  # noqa: E402
 from test_webrtc import mint  # noqa: E402
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("aiortc")
 pytest.importorskip("selenium")
 
-from test_browser import (  # noqa: E402, F401  (the browser tests' fixtures and helpers)
+from browser_harness import (  # noqa: E402, F401  (the browser tests' fixtures and helpers)
     API_KEY,
     CHROMIUM,
     chromium,
