@@ -166,7 +166,7 @@ def test_tokens_equal_mlx_audio_generate(ckpts, name):
     """Ours (``edge="mlx-audio"``) and mlx-audio's generate on the same weights and audio, with
     the language detected and forced; mlx-audio leaves the special pieces (the language tag)
     out of its tokens. The checkpoints are those where mlx-audio agrees with Transformers (which
-    decides where they differ, tests/test_asr_transformers.py): the factory's blank embedding
+    decides where they differ, tests/asr/test_asr_transformers.py): the factory's blank embedding
     row is zero (mlx-audio starts the prediction network on a zero vector, Transformers on that
     row), ``scale_input`` / ``xscaling`` is written out (a missing one is false to mlx-audio,
     true to Transformers) and false, and only tokens are compared (not the text)."""
@@ -335,7 +335,7 @@ def test_make_checkpoint_cli(tmp_path, capsys):
     assert main(["make-checkpoint", str(tmp_path / "d"), "--layout", "transformers"]) == 2
 
 
-# --- Transformers' rules (tests/test_asr_transformers.py checks them against Transformers) --
+# --- Transformers' rules (tests/asr/test_asr_transformers.py checks them against Transformers) --
 
 
 def test_transformers_config_defaults_are_its_class_defaults(ckpts):
@@ -370,7 +370,7 @@ def test_scale_input_multiplies_the_subsampled_frames(asr):
 
 
 def test_text_is_the_metaspace_decoding():
-    """What Transformers' tokenizer decodes (seen in tests/test_asr_transformers.py)."""
+    """What Transformers' tokenizer decodes (seen in tests/asr/test_asr_transformers.py)."""
     from mlx_voicechat.runtime.asr_events import piece_text
 
     vocab = ["<unk>", "\u2581", "<en-US>", "a", "b", "\u2581a", ","]

@@ -1,7 +1,7 @@
 """Nemotron-3.5-ASR against Hugging Face Transformers' own implementation, token for token.
 
 Tiny random models built with Transformers' classes and written by its ``save_pretrained`` and
-processor (tests/asr_reference.py) are loaded by ``mlx_voicechat.load`` and compared with
+processor (tests/support/asr_reference.py) are loaded by ``mlx_voicechat.load`` and compared with
 Transformers' greedy ``generate``: the features (within Transformers' own float32 error against
 a float64 computation), the tokens, each token's frame, the language and the text, offline,
 in a padded batch and live (our session on random chunk sizes against Transformers'
@@ -54,7 +54,7 @@ def models(tmp_path_factory):
     return get
 
 
-# Seeds picked (tests/asr_reference.py's weights) for clear margins and a few tokens.
+# Seeds picked (tests/support/asr_reference.py's weights) for clear margins and a few tokens.
 CASES = {
     "prompt-scaled": dict(seed=17),
     "prompt-unscaled": dict(seed=14, scale_input=False),

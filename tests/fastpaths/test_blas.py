@@ -2,7 +2,7 @@
 what agrees under it (each check in a child process: the BLAS is chosen at interpreter start).
 
 Under the wheel's BLAS a row of a batched product equals its one-row product bit for bit, so a
-batched session equals its run alone exactly (tests/test_batch.py). OpenBLAS sums by blocks
+batched session equals its run alone exactly (tests/runtime/test_batch.py). OpenBLAS sums by blocks
 that depend on the shapes: there the promise is agreement, ids and codes equal on the oracle
 runs and audio within 1e-4."""
 

@@ -51,7 +51,7 @@ def test_every_fast_path_is_covered():
     tested = {
         "llm.step", "llm.row_attention", "tts.backbone_step", "tts.sampling", "encoder.frame",
         "codec.step", "heads.split", "rnnt.frame",
-        "asr.chunk",  # tests/test_asr_session.py: compiled chunk against op by op, bit for bit
+        "asr.chunk",  # tests/asr/test_asr_session.py: compiled chunk against op by op, bit for bit
         "encoder.convs", "asr.mel", "rnnt.lstm_step",
     }
     assert set(fastpaths.PATHS) == tested

@@ -229,6 +229,6 @@ def test_transcribe_cli_helpers(nvidia, tmp_path, capsys):
     args = parser.parse_args(
         ["transcribe", "--model", "m", "--audio", str(tmp_path / "missing.wav")]
     )
-    # The CLI's main() turns the AudioError into one line and exit code 2 (tests/test_cli.py).
+    # The CLI's main() turns the AudioError into one line and exit code 2 (tests/cli/test_cli.py).
     with pytest.raises(AudioError, match="audio file not found"):
         transcribe_verb.run(args, lambda path: pytest.fail("loads no model for bad audio"))

@@ -1,6 +1,6 @@
 """EAR-TTS's compiled sampling (``EarTTS.generate_codes``) gives the op-by-op path's codes.
 
-The op-by-op path is the one checked against NeMo's recorded MoG calls (tests/test_tts.py,
+The op-by-op path is the one checked against NeMo's recorded MoG calls (tests/nets/test_tts.py,
 which wraps ``MoGHead.infer`` and so takes it); here the compiled one is held to it, bit for
 bit, on the tiny random model with its CPU weight layout."""
 
@@ -159,7 +159,7 @@ def test_fused_sampling_runs_bf16_weights(tiny_checkpoints, monkeypatch):
 
 def test_an_overridden_infer_sees_every_call(tiny, monkeypatch):
     """The compiled path inlines ``MoGHead.infer``; a wrapped one is called once per MoG draw
-    with real arrays (what tests/test_tts.py's recording relies on), with the same codes."""
+    with real arrays (what tests/nets/test_tts.py's recording relies on), with the same codes."""
     tts = tiny.tts_model.tts_model
     h = _hiddens(tts, 1, seed=7)[0]
     plain = _codes(tts, h, KeyNoise(1), True, monkeypatch)

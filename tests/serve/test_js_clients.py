@@ -3,12 +3,12 @@ against a real server (uvicorn on 127.0.0.1, the tiny factory checkpoint): `@ope
 (Node, WebSocket transport) and the `openai` package's `openai/realtime/ws` (always `wss:`, so
 over `--ssl-*` with a throwaway certificate that Node trusts through NODE_EXTRA_CA_CERTS).
 
-The Node scripts are in tests/js/; the pinned packages (tests/js/package-lock.json) are installed
+The Node scripts are in tests/serve/js/; the pinned packages (tests/serve/js/package-lock.json) are installed
 from the npm registry with `npm ci` into a cache folder ($MLX_VOICECHAT_NPM_CACHE, else
 ~/.cache/mlx-voicechat/npm-<hash of the lock>), once. Without node and npm the tests skip; where
 the install fails they skip too, except under CI (CI set), where they fail. Random weights never
 write a tool call: once the client's audio flows, the test forces one into the live session's
-function channel (as tests/test_server_tools.py does) and the client runs the round trip. The
+function channel (as tests/serve/test_server_tools.py does) and the client runs the round trip. The
 agents client then barges in with espeak-ng speech (interrupt() by hand without espeak-ng).
 """
 
@@ -94,7 +94,7 @@ def cert(tmp_path_factory):
 
 
 def run_node(script, node_modules, env, rec, worker):
-    """Run tests/js/``script`` (copied next to the packages, where Node's ESM resolution finds
+    """Run tests/serve/js/``script`` (copied next to the packages, where Node's ESM resolution finds
     them) while a thread forces a get_weather call into the session the client opens; the
     script's result."""
     for name in (script, "wait.mjs"):  # the script and the helpers it imports

@@ -384,7 +384,7 @@ def test_metrics_ask_for_the_key_unless_public(served):
 
 
 def test_the_ray_backend_records_the_same_series_tagged_with_the_replica(monkeypatch):
-    # ray.util.metrics as a recorder (its real export is tests/test_ray.py's): the same calls
+    # ray.util.metrics as a recorder (its real export is tests/serve/test_ray.py's): the same calls
     # reach Ray's series, each with the replica's tag.
     ray_util = pytest.importorskip("ray.util")
     from types import SimpleNamespace

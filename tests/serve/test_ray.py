@@ -19,8 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -35,15 +33,28 @@ openai = pytest.importorskip("openai")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
-from server_support import Client, pcm  # noqa: E402  (until(), the PCM encoding)
+from ray_support import (  # noqa: E402
+    AUDIO,
+    STARTUP,
+    TIMEOUT,
+    Session,
+    _cluster_processes,
+    _in_session,
+    _processes,
+    _start_cli,
+    _stop_cli,
+    get,
+    health,
+    noise,
+    normalized,
+    run,
+    wait_health,
+)
 
 from mlx_voicechat.serve.ray_app import REPORT_SECONDS, start_serve  # noqa: E402
 from mlx_voicechat.serve.ray_proxy import CLOSE_REPLICA_LOST  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 30.0  # seconds, any single wait on a server
-STARTUP = 120.0  # seconds for a cluster or a replica to start (model load and warm-up)
-AUDIO = 0.6  # seconds of client audio per session
 
 
 # --- fixtures -----------------------------------------------------------------------------
@@ -143,358 +154,6 @@ def reference(checkpoint):
     events = normalized(single.events)
     assert any(e["type"] == "response.output_audio.delta" for e in events)
     return x, events
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-
-def run(coro, timeout=STARTUP):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def health(url):
-    status, body = get(url + "/health")
-    return status, json.loads(body)
-
-
-def wait_health(url, pred, timeout=STARTUP):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            status, h = health(url)
-            if status == 200 and pred(h):
-                return h
-        except (OSError, ValueError):
-            h = None
-        assert time.monotonic() < deadline, f"/health did not get there in {timeout} s: {h}"
-        time.sleep(0.25)
-
-
-def noise(seconds, rate=24000, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(int(seconds * rate)) * 3000).astype("<i2")
-
-
-_ID = re.compile(r"^(resp|item|sess|conv)_[0-9a-f]+$")
-
-
-def normalized(events):
-    """Events without what differs between two runs of the same audio: event ids, random
-    item / response ids (numbered in order of appearance), the transport's stats events and
-    the vendor field naming the replica."""
-    names = {}
-
-    def walk(x):
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items() if k not in ("event_id", "x-voicechat")}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        if isinstance(x, str) and _ID.match(x):
-            return names.setdefault(x, f"{x.split('_')[0]}_{len(names)}")
-        return x
-
-    return [walk(e) for e in events if e["type"] != "x-voicechat.stats"]
-
-
-class Session(Client):
-    """A stock ``openai`` realtime connection, its events read as raw JSON."""
-
-    def __init__(self, base_url):
-        self.client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
-        self.events = []
-        self.closed = None  # (code, reason) once the server closed the connection
-
-    async def __aenter__(self):
-        self._cm = self.client.realtime.connect(model="tiny", extra_query={"x-voicechat": "1"})
-        self.conn = await asyncio.wait_for(self._cm.__aenter__(), TIMEOUT)
-        self.created = await self.recv()
-        return self
-
-    async def __aexit__(self, *exc):
-        with contextlib.suppress(Exception):  # (a connection the server closed already)
-            await self._cm.__aexit__(*exc)
-
-    async def recv(self, timeout=TIMEOUT):
-        import websockets
-
-        try:
-            e = json.loads(await asyncio.wait_for(self.conn.recv_bytes(), timeout))
-        except websockets.ConnectionClosed as c:
-            self.closed = (c.rcvd.code, c.rcvd.reason) if c.rcvd else (1006, "")
-            raise
-        self.events.append(e)
-        return e
-
-    @property
-    def replica(self):
-        return self.created.get("x-voicechat", {}).get("replica")
-
-    async def send_audio(self, samples, chunk=4800):
-        for i in range(0, len(samples), chunk):
-            await self.conn.input_audio_buffer.append(audio=pcm(samples[i : i + chunk]))
-
-    async def until_events(self, n, timeout=TIMEOUT):
-        """Until ``n`` events besides the stats events have come."""
-        deadline = time.monotonic() + timeout
-        while len(normalized(self.events)) < n:
-            await self.recv(max(deadline - time.monotonic(), 0.01))
-
-    async def until_closed(self, timeout=TIMEOUT):
-        import websockets
-
-        with pytest.raises(websockets.ConnectionClosed):
-            while True:
-                await self.recv(timeout)
-        return self.closed
-
-
-def _start_cli(*argv):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_voicechat", "serve", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    out = []
-
-    def read():
-        for line in proc.stderr:
-            out.append(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + STARTUP
-    while not any("Ctrl-C stops" in line for line in out):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("serve --ray did not start:\n" + "".join(out[-30:]))
-        time.sleep(0.2)
-    return proc, out
-
-
-def _stop_cli(proc, out, signum):
-    proc.send_signal(signum)
-    try:
-        return proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("serve --ray did not stop:\n" + "".join(out[-30:]))
-
-
-def _processes():
-    """pid -> (parent pid, command line) of every process."""
-    out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out[int(pid)] = (ppid, cmd)
-    return out
-
-
-def _in_session(sid):
-    """The processes of session ``sid`` (a CLI started with ``start_new_session`` leads one,
-    and every process it starts stays in it unless it leaves: orphans too)."""
-    out = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.add(int(pid))
-    return out
-
-
-def _cluster_processes(driver_pid):
-    """The processes of the Ray cluster a driver started: its daemons (their command lines name
-    the session folder, whose name ends in the driver's pid), what they started, and the
-    processes of its session."""
-    procs = _processes()
-    ours = {p for p, (_, cmd) in procs.items() if f"_{driver_pid}/" in cmd}
-    ours |= _in_session(driver_pid) & set(procs)
-    while True:
-        more = {p for p, (ppid, _) in procs.items() if ppid in ours} - ours
-        if not more:
-            return ours
-        ours |= more
-
-
-# --- without a cluster -------------------------------------------------------------------
-
-
-def _router(cached=None):
-    """A SessionRouter without Ray around it: Ray's queue-length cache is ``cached``."""
-    from types import SimpleNamespace
-
-    from mlx_voicechat.serve.ray_proxy import SessionRouter
-
-    router = SessionRouter.__new__(SessionRouter)
-    table = dict(cached or {})
-    router._replica_queue_len_cache = SimpleNamespace(get=table.get)
-    return router
-
-
-def _replica(name, stats):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(replica_id=name, routing_stats=stats)
-
-
-def test_router_ranks_replicas_without_a_model_last():
-    from mlx_voicechat.serve.ray_proxy import replica_rank
-
-    assert replica_rank({}) == 0 and replica_rank({"ready": True}) == 0
-    assert replica_rank({"ready": False}) == 1
-    failed, fresh, ready = _replica("f", {"ready": False}), _replica("n", {}), _replica("r", None)
-    ready.routing_stats = {"ready": True}
-    ranks = asyncio.run(_router().choose_replicas([failed, fresh, ready]))
-    assert ranks[-1] == [failed] and sorted(r[0].replica_id for r in ranks[:2]) == ["n", "r"]
-    assert asyncio.run(_router().choose_replicas([ready])) == [[ready]]
-
-
-def test_router_spreads_connections_that_arrive_together():
-    # Three connections routed before Ray has confirmed any: Ray's cached lengths are the same
-    # for both replicas, so without counting its own choices the router sent all three to one.
-    a, b = _replica("a", {"ready": True}), _replica("b", {"ready": True})
-    router = _router({"a": 0, "b": 0})
-
-    async def three():
-        return await asyncio.gather(*(router.choose_replicas([a, b]) for _ in range(3)))
-
-    firsts = [ranks[0][0].replica_id for ranks in asyncio.run(three())]
-    assert sorted(firsts) == ["a", "a", "b"]
-    # Confirmed routes no longer count (Ray's cache has them), a busier replica comes last.
-    for name in firsts:
-        router.on_request_routed(None, name, None)
-    router._replica_queue_len_cache.get = {"a": 5, "b": 1}.get
-    assert [r[0].replica_id for r in asyncio.run(router.choose_replicas([a, b]))] == ["b", "a"]
-
-
-def test_deployment_options():
-    from mlx_voicechat.serve.ray_app import CONTROL_SLOTS, app_builder, deployment_options
-
-    fixed = deployment_options(max_sessions=3, replicas=2)
-    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
-    # a full replica still takes the connection, to answer server_busy, and /health
-    assert fixed["max_ongoing_requests"] == 3 + CONTROL_SLOTS
-    router = fixed["request_router_config"].request_router_class
-    assert router == "mlx_voicechat.serve.ray_proxy.SessionRouter"
-    assert fixed["ray_actor_options"] == {"num_cpus": 1}
-    auto = deployment_options(max_sessions=2, min_replicas=1, max_replicas=4)["autoscaling_config"]
-    assert (auto["min_replicas"], auto["max_replicas"]) == (1, 4)
-    assert 0 < auto["target_ongoing_requests"] < 2  # scale up before the replicas are full
-    for bad in ({"replicas": 2, "max_replicas": 3}, {"max_sessions": 0}, {"replicas": 0}):
-        with pytest.raises(ValueError):
-            deployment_options(**bad)
-    with pytest.raises(ValueError, match="unknown argument"):
-        app_builder({"model": "m", "max_session": 2})
-    with pytest.raises(ValueError, match="'model'"):
-        app_builder({"replicas": 2})
-
-
-def test_cli_ray_flags_are_checked_before_anything_starts(capsys):
-    from mlx_voicechat.cli import main
-
-    assert main(["serve", "--model", "m", "--replicas", "2"]) == 2
-    assert "--replicas needs --ray" in capsys.readouterr().err
-    assert main(["serve", "--model", "m", "--ray", "--replicas", "2", "--max-replicas", "3"]) == 2
-    assert "not both" in capsys.readouterr().err
-    assert main(["serve", "--model", "m", "--ray", "--min-replicas", "3", "--max-replicas", "2"])
-    assert "--min-replicas <= --max-replicas" in capsys.readouterr().err
-
-
-def test_session_created_names_the_replica_and_health_takes_extra_fields():
-    from mlx_voicechat.serve.app import ServerThread, create_app
-    from mlx_voicechat.serve.protocol import Realtime
-
-    created = Realtime("m").open({"replica": "r1"})[0]
-    assert created["type"] == "session.created" and created["x-voicechat"] == {"replica": "r1"}
-    assert "x-voicechat" not in Realtime("m").open()[0]
-
-    async def extra():
-        return {"replica": "r1", "deployment": {"capacity": 4}}
-
-    app = create_app(None, warmup=False, health_extra=extra, vendor={"replica": "r1"})
-    assert app.state.server.vendor == {"replica": "r1"}
-    with ServerThread(app) as s:
-        _, h = health(s.url)
-    assert h["status"] == "ok" and h["replica"] == "r1" and h["deployment"] == {"capacity": 4}
-
-
-def _through_middleware(inner, path="/v1/realtime", client=()):
-    """What :class:`ReplicaLossMiddleware` sends to the client around ``inner``."""
-    from mlx_voicechat.serve.ray_proxy import ReplicaLossMiddleware
-
-    sent, incoming = [], list(client) or [{"type": "websocket.connect"}]
-
-    async def receive():
-        return incoming.pop(0) if incoming else await asyncio.sleep(3600)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "websocket", "path": path}
-    asyncio.run(asyncio.wait_for(ReplicaLossMiddleware(inner)(scope, receive, send), 5))
-    return sent
-
-
-def test_a_session_whose_replica_is_lost_gets_an_error_and_1012():
-    async def dies_after_accept(scope, receive, send):
-        await receive()
-        await send({"type": "websocket.accept"})
-        await send({"type": "websocket.send", "text": "{}"})
-
-    sent = _through_middleware(dies_after_accept)
-    kinds = ["websocket.accept", "websocket.send", "websocket.send", "websocket.close"]
-    assert [m["type"] for m in sent] == kinds
-    error = json.loads(sent[2]["text"])
-    assert error["type"] == "error" and error["error"]["code"] == "replica_lost"
-    assert (sent[3]["code"], sent[3]["reason"]) == (CLOSE_REPLICA_LOST, "replica lost")
-
-    async def unavailable(scope, receive, send):  # the proxy's HTTP error for a WebSocket
-        await send({"type": "http.response.start", "status": 503, "headers": []})
-        await send({"type": "http.response.body", "body": b"no replicas"})
-
-    sent = _through_middleware(unavailable)
-    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.close"]
-    assert json.loads(sent[1]["text"])["error"]["code"] == "server_unavailable"
-    assert sent[2]["code"] == 1013
-
-    async def closes(scope, receive, send):
-        await send({"type": "websocket.accept"})
-        await send({"type": "websocket.close", "code": 1013, "reason": "server busy"})
-
-    assert _through_middleware(closes)[-1] == {
-        "type": "websocket.close",
-        "code": 1013,
-        "reason": "server busy",
-    }
-    assert len(_through_middleware(dies_after_accept, path="/other")) == 2  # not ours
-
-    async def client_left(scope, receive, send):
-        await send({"type": "websocket.accept"})
-        assert (await receive())["type"] == "websocket.disconnect"
-
-    gone = [{"type": "websocket.disconnect", "code": 1000}]
-    assert [m["type"] for m in _through_middleware(client_left, client=gone)] == [
-        "websocket.accept"
-    ]
 
 
 # --- the tests ----------------------------------------------------------------------------

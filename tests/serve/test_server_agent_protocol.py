@@ -2,7 +2,7 @@
 LiveKit): every voice name, text message items, ``conversation.item.retrieve``,
 ``response.create`` answered with a response that echoes its metadata, the ``x-voicechat.*``
 events only on request, and every error event logged (pure protocol; the frameworks
-themselves are driven in tests/test_framework_*.py)."""
+themselves are driven in tests/serve/test_framework_*.py)."""
 
 import asyncio
 import json

@@ -1,6 +1,6 @@
 """WebRTC (``POST /v1/realtime/calls``) and client secrets (``POST /v1/realtime/client_secrets``)
 through real sockets: uvicorn on 127.0.0.1 on a free port, the tiny random-weight checkpoint of
-tests/test_server.py, and aiortc as the client (an SDP offer with one Opus track and the
+tests/serve/test_server.py, and aiortc as the client (an SDP offer with one Opus track and the
 ``oai-events`` data channel, as a browser or OpenAI's SDKs make it)."""
 
 import asyncio

@@ -2,7 +2,7 @@
 in headless Chromium, on its defaults but for the base URL and a client secret: a web app's
 page (its own origin, served here by a plain HTTP server) converses with `serve` on the tiny
 checkpoint, and the secret does not admit a second call. The SDK comes from the npm registry
-(tests/js_webrtc/package-lock.json, installed once into a cache) and is bundled by esbuild."""
+(tests/serve/js_webrtc/package-lock.json, installed once into a cache) and is bundled by esbuild."""
 
 import functools
 import hashlib

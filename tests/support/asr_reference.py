@@ -1,4 +1,5 @@
-"""Hugging Face Transformers' own Nemotron-3.5-ASR, the reference of test_asr_transformers.py.
+"""Hugging Face Transformers' own Nemotron-3.5-ASR, the reference of
+tests/asr/test_asr_transformers.py.
 
 Tiny models are built with Transformers' classes (``Nemotron3_5AsrForRNNT``,
 ``NemotronAsrStreamingForRNNT``) on torch's CPU, and written the way NVIDIA's conversion

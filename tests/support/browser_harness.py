@@ -175,7 +175,7 @@ def open_page(driver, url: str, key: str, transport: str = "websocket"):
     assert driver.title == "mlx-voicechat"
     assert page_state(driver)["state"] == "idle"
     driver.find_element("id", "apikey").send_keys(key)
-    # WebRTC is the page's default; its tests are tests/test_webrtc_browser.py
+    # WebRTC is the page's default; its tests are tests/serve/test_webrtc_browser.py
     driver.execute_script("document.getElementById('transport').value = arguments[0]", transport)
 
 

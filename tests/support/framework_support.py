@@ -1,9 +1,9 @@
-"""What the framework tests (tests/test_framework_*.py) share: a real server (the app `serve`
-runs, uvicorn on 127.0.0.1 on a free port, an API key and its real-time silence feed) around
-the tiny random-weight checkpoint of tests/test_server.py, a way to make the model write a
-function call (random weights never write one: the call's tokens are forced into the live
-session's function channel, as tests/test_server_tools.py does), audio the model answers, and
-a record of every error event the server sends (the server logs each one)."""
+"""What the framework tests (tests/serve/test_framework_*.py) share: a real server (the app
+`serve` runs, uvicorn on 127.0.0.1 on a free port, an API key and its real-time silence feed)
+around the shared short-turn tiny model (tests/support/server_support.py), a way to make the
+model write a function call (random weights never write one: the call's tokens are forced into
+the live session's function channel, as tests/serve/test_server_tools.py does), audio the model
+answers, and a record of every error event the server sends (the server logs each one)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // @openai/agents-realtime (WebSocket transport) on its defaults, pointed at `serve` by URL and
-// key alone. Driven by tests/test_js_clients.py, which forces a get_weather call into the live
+// key alone. Driven by tests/serve/test_js_clients.py, which forces a get_weather call into the live
 // session once audio flows. Prints one JSON line: what the client saw.
 import { readFileSync } from 'node:fs';
 import { RealtimeAgent, RealtimeSession, tool } from '@openai/agents-realtime';

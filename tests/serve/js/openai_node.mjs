@@ -1,6 +1,6 @@
 // The `openai` npm package's `openai/realtime/ws` on its defaults, pointed at `serve` by base URL
 // and key alone. It always connects with wss:, so the server runs with --ssl-*; Node trusts the
-// test's certificate through NODE_EXTRA_CA_CERTS. Driven by tests/test_js_clients.py, which
+// test's certificate through NODE_EXTRA_CA_CERTS. Driven by tests/serve/test_js_clients.py, which
 // forces a get_weather call into the live session once audio flows. Prints one JSON line.
 import OpenAI from 'openai';
 import { OpenAIRealtimeWS } from 'openai/realtime/ws';

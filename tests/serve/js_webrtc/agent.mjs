@@ -1,5 +1,5 @@
 // @openai/agents-realtime's WebRTC transport in a browser, pointed at `serve` by its base URL
-// and a client secret; bundled by tests/test_webrtc_agents_js.py (esbuild) and driven in
+// and a client secret; bundled by tests/serve/test_webrtc_agents_js.py (esbuild) and driven in
 // headless Chromium. window.agent holds what the test reads.
 import { OpenAIRealtimeWebRTC, RealtimeAgent, RealtimeSession } from '@openai/agents-realtime';
 
