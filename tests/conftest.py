@@ -25,6 +25,15 @@ if _TEST_DEVICE:
     mx.set_default_device(_device)
 
 
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """The factory's tiny checkpoint (seed 0, mlx-community layout, one shard), written once per
+    run: the checkpoint of the server, Ray, operating and data-safety tests."""
+    from mlx_voicechat.factory import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny", "tiny", seed=0)
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_checkpoints):
     """The tiny mlx-community checkpoint, loaded once per test module."""

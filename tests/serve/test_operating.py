@@ -36,10 +36,8 @@ PROMPT_TOKENS = 3500
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from mlx_voicechat.factory import make_checkpoint
-
-    return make_checkpoint(tmp_path_factory.mktemp("operating") / "tiny", "tiny", seed=0)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 # --- the worker's stop ---------------------------------------------------------------------

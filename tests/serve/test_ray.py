@@ -67,10 +67,8 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from mlx_voicechat.factory import make_checkpoint
-
-    return make_checkpoint(tmp_path_factory.mktemp("ray") / "tiny", "tiny", seed=0)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

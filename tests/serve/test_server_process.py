@@ -28,10 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from mlx_voicechat.factory import make_checkpoint
-
-    return make_checkpoint(tmp_path_factory.mktemp("hardening") / "tiny", "tiny", seed=0)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 # --- the process: open files, 2,000 idle connections, its log -----------------------------------

@@ -101,13 +101,11 @@ API_KEY = "browser-test-key"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tiny_checkpoint):
     import mlx_voicechat
-    from mlx_voicechat.factory import make_checkpoint
     from mlx_voicechat.serve.app import ServerThread, create_app
 
-    root = tmp_path_factory.mktemp("browser")
-    model = CountingModel(mlx_voicechat.load(make_checkpoint(root / "tiny", "tiny")))
+    model = CountingModel(mlx_voicechat.load(tiny_checkpoint))
     app = create_app(
         model, api_key=API_KEY, model_id="tiny-random", max_sessions=1, stats_every_frames=5
     )

@@ -14,7 +14,6 @@ import pytest
 
 from mlx_voicechat import load
 from mlx_voicechat.cli import main
-from mlx_voicechat.factory import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = ROOT / "tests" / "fixtures" / "oracle" / "nvidia-layout"
@@ -25,8 +24,8 @@ SUBPROCESS_TIMEOUT = 120  # seconds, for each child interpreter
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("safety") / "tiny", "tiny")
+def ckpt(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

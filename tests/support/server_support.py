@@ -53,15 +53,8 @@ def short_turn_model(path):
 
 
 @pytest.fixture(scope="session")
-def model(tmp_path_factory, worker):
-    def build():
-        from mlx_voicechat.factory import make_checkpoint
-
-        return short_turn_model(
-            make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", "tiny", seed=0)
-        )
-
-    return worker.submit(build).result()
+def model(tiny_checkpoint, worker):
+    return worker.submit(short_turn_model, tiny_checkpoint).result()
 
 
 @contextlib.contextmanager
