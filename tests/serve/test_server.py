@@ -17,6 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
+from server_support import plain  # noqa: E402, F401  (a module fixture)
 from server_support import (  # noqa: E402
     ALLOWED,
     KEY,
@@ -40,13 +41,6 @@ from server_support import (  # noqa: E402
 
 # --- fixtures -----------------------------------------------------------------------------
 
-plain = server_fixture(
-    "plain",
-    "No key, no silence feed, a stats event after every worker job.",
-    silence_feed=False,
-    stats_every_frames=1,
-    allow_origins=(ALLOWED,),
-)
 keyed = server_fixture(
     "keyed",
     "An API key and the real-time silence feed (the defaults of `serve`).",

@@ -16,8 +16,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
+from server_support import plain  # noqa: E402, F401  (a module fixture)
 from server_support import (  # noqa: E402
-    ALLOWED,
     TIMEOUT,
     connect,
     drain,
@@ -38,13 +38,6 @@ from server_support import (  # noqa: E402
 
 # --- fixtures -----------------------------------------------------------------------------
 
-plain = server_fixture(
-    "plain",
-    "No key, no silence feed, a stats event after every worker job.",
-    silence_feed=False,
-    stats_every_frames=1,
-    allow_origins=(ALLOWED,),
-)
 small_queue = server_fixture(
     "small_queue", "A send queue of 8 events.", silence_feed=False, send_queue_size=8, warmup=False
 )

@@ -82,6 +82,16 @@ def server_fixture(name, doc, **options):
     return fixture
 
 
+plain = server_fixture(
+    "plain",
+    "No key, no silence feed, a stats event after every worker job (a module fixture: one "
+    "server per test module that imports it).",
+    silence_feed=False,
+    stats_every_frames=1,
+    allow_origins=(ALLOWED,),
+)
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 def run(coro, timeout=60.0):
