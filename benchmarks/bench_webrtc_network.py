@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlx_voicechat.serve.app import ServerThread, create_app  # noqa: E402
 from mlx_voicechat.serve.connection import Conversation  # noqa: E402
-from mlx_voicechat.serve.protocol import MODEL_INPUT_RATE, Append  # noqa: E402
+from mlx_voicechat.serve.wire import MODEL_INPUT_RATE, Append  # noqa: E402
 from mlx_voicechat.serve.worker import Worker  # noqa: E402
 
 LATE_SECONDS = 0.4

@@ -1,4 +1,17 @@
-"""Errors with one clear line for the user (the CLI prints them without a traceback)."""
+"""Errors with one clear line for the user (the CLI prints them without a traceback), and the
+two type tests every argument check uses."""
+
+import numbers
+
+
+def is_int(x) -> bool:
+    """An integer, but not a bool (``True`` is an ``int`` to Python, never a count here)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_number(x) -> bool:
+    """A real number, but not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 class VoiceChatError(Exception):

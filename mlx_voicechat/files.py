@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional, Type
 
 
@@ -33,3 +38,30 @@ def read_json(path, error: Type[Exception], name: Optional[str] = None) -> Any:
         raise error(f"cannot read {name}: {e.strerror or e}") from None
     except ValueError as e:
         raise error(f"{name} is not valid JSON: {e}") from None
+
+
+@contextlib.contextmanager
+def atomic_folder(target: Path, replace: bool = False) -> Iterator[Path]:
+    """A temporary folder beside ``target``, renamed onto it when the block ends: an interrupted
+    write leaves nothing at ``target``. ``replace``: an existing ``target`` is moved aside first
+    and removed only once the new folder is in place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would follow through the rename
+        yield tmp
+        if not replace:
+            tmp.rename(target)
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        old.rmdir()
+        target.rename(old)
+        try:
+            tmp.rename(target)
+        except BaseException:
+            old.rename(target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -9,7 +9,8 @@ runtime/.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -141,11 +142,13 @@ def check_weights(model: nn.Module, weights: Mapping[str, Any]) -> None:
 def check_shapes(
     expected: Mapping[str, Tuple[int, ...]],
     found: Mapping[str, Optional[Tuple[int, ...]]],
-    where: str = "checkpoint",
+    where: Union[str, Path] = "checkpoint",
     error: type = CheckpointError,
+    model: str = "a NemotronLabs VoiceChat model",
 ) -> None:
     """``found`` (key -> shape, or None when unknown) must hold exactly the ``expected`` keys
-    with their shapes; the first difference is raised as ``error``, naming the key."""
+    with their shapes; the first difference is raised as ``error``, naming the key. ``where``
+    is a noun ("checkpoint") or a folder (a Path), ``model`` what the keys should describe."""
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     if missing:
@@ -158,11 +161,12 @@ def check_shapes(
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise error(
             f"{where} has unexpected tensor '{unexpected[0]}'{more}; it does not belong to "
-            "a NemotronLabs VoiceChat model with this config"
+            f"{model} with this config"
         )
+    in_where = where if isinstance(where, Path) else f"the {where}"
     for k, shape in found.items():
-        if shape is not None and shape != expected[k]:
+        if shape is not None and tuple(shape) != expected[k]:
             raise error(
-                f"tensor '{k}' has shape {list(shape)} in the {where} but the model "
+                f"tensor '{k}' has shape {list(shape)} in {in_where} but the model "
                 f"expects {list(expected[k])}"
             )

@@ -12,7 +12,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 from .config.asr import AUTO
 from .errors import VoiceChatError
-from .nets.asr import RecognizerNetwork, check_edge
+from .nets.asr import RecognizerNetwork
+from .nets.mel import check_edge
 
 
 class RecognizerError(VoiceChatError, ValueError):

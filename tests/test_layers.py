@@ -13,7 +13,8 @@ SOURCE = Path(__file__).resolve().parents[1] / PACKAGE
 LAYERS = [
     ("errors", "noise", "files"),  # one-line errors; noise sources; file-system helpers
     ("config",),  # the dataclass tree every network is built from
-    ("nets",),  # perception, rnnt, llm, tts, char_encoder, codec (and their weight layout)
+    ("nets.mel", "nets"),  # the log-mel front-end and resampler; perception, rnnt, llm, tts,
+    # char_encoder, codec (and their weight layout)
     ("model",),  # the parameter tree of the whole model
     ("weights", "factory"),  # sanitize, loading, writing, convert, the random-weight factory
     ("runtime",),  # audio I/O, the per-frame step, offline generate, transcribe, sessions

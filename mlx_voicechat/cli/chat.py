@@ -26,7 +26,6 @@ def add_parser(subparsers):
         description="A live full-duplex conversation from the terminal: speak, and hear the "
         "model answer; its words and yours are printed as they come. Ctrl-C ends it.",
     )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
     p.add_argument(
         "--mcp",

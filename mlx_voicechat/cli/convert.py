@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-# weights.convert.DTYPES, named here so that building the parser imports no mlx (importing
+from .options import add_quantize_options
+
+# weights.loading.DTYPE_NAMES, named here so that building the parser imports no mlx (importing
 # mlx_lm would lower the process's open-file limits before `serve` can keep them).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
@@ -24,14 +26,7 @@ def add_parser(subparsers):
     )
     p.add_argument("--output", required=True, help="output folder (must not exist)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
-    p.add_argument(
-        "--quantize",
-        type=int,
-        choices=[4, 8],
-        default=None,
-        help="quantize the LLM, embedding and heads to this many bits",
-    )
-    p.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")
+    add_quantize_options(p, "quantize the LLM, embedding and heads to this many bits")
     p.add_argument(
         "--quantize-tts",
         type=int,

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .options import add_conversation_options
+from .options import add_conversation_options, add_file_options
 
 PROGRESS_MIN_FRAMES = 50  # 4 s of timeline: shorter runs print no progress bar
 
@@ -17,18 +17,10 @@ def add_parser(subparsers):
         help="answer a spoken question with text and speech",
         description="Run the offline duplex loop on an audio file and write the spoken reply.",
     )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
-    p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
-    p.add_argument("--output-audio", required=True, help="reply WAV (22050 Hz mono PCM16)")
-    p.add_argument(
-        "--extra-decoding-seconds",
-        type=float,
-        default=3.0,
-        help="seconds of silence appended so the model can finish (default 3)",
-    )
+    extra = "seconds of silence appended so the model can finish (default 3)"
+    add_file_options(p, output_required=True, extra_help=extra)
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
-    p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
     p.set_defaults(func=run)
     return p
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .options import add_quantize_options
+
 
 def add_parser(subparsers):
     mk = subparsers.add_parser("make-checkpoint", help="write a random-weight checkpoint")
@@ -21,8 +23,7 @@ def add_parser(subparsers):
         "transformers",
     )
     mk.add_argument("--no-prompt", action="store_true", help="asr: without the language prompt")
-    mk.add_argument("--quantize", type=int, choices=[4, 8], default=None)
-    mk.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")
+    add_quantize_options(mk, "quantize like the mlx-community checkpoints (not nvidia)")
     mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--no-tokenizer", action="store_true", help="leave tokenizer.json out")

@@ -1,10 +1,14 @@
-"""Options every conversation verb takes (``generate``, ``stream``, ``chat``)."""
+"""Options several verbs take, written once."""
 
 from __future__ import annotations
 
+MODEL_HELP = "checkpoint folder or hub id"
+
 
 def add_conversation_options(p) -> None:
-    """``-p`` (the system prompt), ``--seed``, ``--tools`` and ``--tokenizer``."""
+    """``--model``, ``-p`` (the system prompt), ``--seed``, ``--tools`` and ``--tokenizer``:
+    every conversation verb (``generate``, ``stream``, ``chat``)."""
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument(
         "-p",
         "--system-prompt",
@@ -15,4 +19,36 @@ def add_conversation_options(p) -> None:
     p.add_argument(
         "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
     )
+    add_tokenizer_option(p)
+
+
+def add_tokenizer_option(p) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+
+
+def add_file_options(p, output_required: bool, extra_help: str) -> None:
+    """``--audio``, ``--output-audio``, ``--extra-decoding-seconds`` and ``--plot``: the verbs
+    that run an audio file (``generate``, ``stream``)."""
+    p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
+    p.add_argument(
+        "--output-audio",
+        required=output_required,
+        default=None,
+        help="reply WAV (22050 Hz mono PCM16)",
+    )
+    p.add_argument("--extra-decoding-seconds", type=float, default=3.0, help=extra_help)
+    p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
+
+
+def add_recognizer_options(p) -> None:
+    """``--language`` and ``--prompt-id`` (a Nemotron-3.5-ASR checkpoint's language prompt)."""
+    p.add_argument(
+        "--language", default=None, help="recognizer: language prompt (en-US, auto, ...)"
+    )
+    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: language prompt index")
+
+
+def add_quantize_options(p, quantize_help: str) -> None:
+    """``--quantize`` and ``--group-size`` (``make-checkpoint``, ``convert``)."""
+    p.add_argument("--quantize", type=int, choices=[4, 8], default=None, help=quantize_help)
+    p.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")

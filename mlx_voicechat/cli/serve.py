@@ -236,31 +236,30 @@ def run(args) -> int:
         )
 
     from ..serve.limits import import_mlx_lm_keeping_limits, raise_open_file_limit, uvicorn_options
+    from ..serve.settings import ServerSettings, model_id_of
 
     import_mlx_lm_keeping_limits()
-    model_id = os.path.basename(os.path.normpath(str(args.model))) or str(args.model)
-    if args.ray:
-        return serve_ray.run(args, key, model_id)
-
-    from .. import load
-    from ..serve.app import WS_MAX_SIZE, create_app
-
-    model = load(args.model, tokenizer=args.tokenizer)
-    app = create_app(
-        model,
+    settings = ServerSettings(
+        model_id=model_id_of(args.model),
         api_key=key,
         max_sessions=args.max_sessions,
         allow_origins=args.allow_origin,
         silence_feed=not args.no_silence_feed,
         max_lag_seconds=args.max_lag_seconds,
-        model_id=model_id,
         seed=args.seed,
-        idle_timeout=args.idle_timeout or None,
+        idle_timeout=args.idle_timeout,
         max_prompt_tokens=args.max_prompt_tokens,
         mcp_allow=args.mcp_allow,
         tool_timeout=args.tool_timeout,
         metrics_public=args.metrics_public,
     )
+    if args.ray:
+        return serve_ray.run(args, settings)
+
+    from .. import load
+    from ..serve.app import WS_MAX_SIZE, create_app
+
+    app = create_app(load(args.model, tokenizer=args.tokenizer), settings)
     open_files = raise_open_file_limit(saved_limits, limits.files_needed)
     fitted = limits.fitted(open_files)
     if fitted.max_connections < limits.max_connections:

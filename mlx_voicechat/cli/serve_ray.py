@@ -116,7 +116,9 @@ def say(text: str) -> None:
     print(f"mlx-voicechat serve: {text}", file=sys.stderr)
 
 
-def run(args, key, model_id: str) -> int:
+def run(args, settings) -> int:
+    """Serve replicas with ``settings`` (:class:`~mlx_voicechat.serve.settings.ServerSettings`)
+    until Ctrl-C / SIGTERM."""
     try:
         import ray
         from ray import serve
@@ -158,19 +160,11 @@ def run(args, key, model_id: str) -> int:
             raise RayDeployError(f"an application named {APP_NAME!r} already runs on this cluster")
         app = realtime_app(
             args.model,
-            max_sessions=args.max_sessions,
+            settings,
             replicas=args.replicas,
             min_replicas=args.min_replicas,
             max_replicas=args.max_replicas,
             tokenizer=args.tokenizer,
-            model_id=model_id,
-            api_key=key,
-            allow_origins=args.allow_origin,
-            silence_feed=not args.no_silence_feed,
-            max_lag_seconds=args.max_lag_seconds,
-            seed=args.seed,
-            mcp_allow=list(args.mcp_allow),
-            tool_timeout=args.tool_timeout,
         )
         deployed = True
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)

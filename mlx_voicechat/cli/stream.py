@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .options import add_conversation_options
+from .options import add_conversation_options, add_file_options, add_recognizer_options
 
 CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
 
@@ -32,24 +32,15 @@ def add_parser(subparsers):
         description="Feed an audio file to a streaming session in 80 ms chunks; print the words "
         "as they come and the per-frame latency and real-time factor.",
     )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
     add_conversation_options(p)
-    p.add_argument("--audio", required=True, help="the user's audio (any rate, mono or stereo)")
+    extra = "seconds of silence fed after the file so the reply can finish (default 3)"
+    add_file_options(p, output_required=False, extra_help=extra)
     p.add_argument(
         "--realtime",
         action="store_true",
         help="feed the chunks at real time (80 ms apart), as a microphone would",
     )
-    p.add_argument("--output-audio", default=None, help="reply WAV (22050 Hz mono PCM16)")
-    p.add_argument("--language", default=None, help="recognizer: language prompt (en-US, auto)")
-    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: prompt index")
-    p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
-    p.add_argument(
-        "--extra-decoding-seconds",
-        type=float,
-        default=3.0,
-        help="seconds of silence fed after the file so the reply can finish (default 3)",
-    )
+    add_recognizer_options(p)
     p.set_defaults(func=run)
     return p
 

@@ -3,6 +3,8 @@ or a Nemotron-3.5-ASR recognizer (many files in one batched run)."""
 
 from __future__ import annotations
 
+from .options import MODEL_HELP, add_recognizer_options, add_tokenizer_option
+
 WARMUP_SECONDS = 1.0  # audio run once before a benchmark, so kernel set-up is not timed
 
 
@@ -13,7 +15,7 @@ def add_parser(subparsers):
         description="Print the transcript of audio files (any rate, mono or stereo; WAV, "
         "FLAC, MP3). A Nemotron-3.5-ASR checkpoint decodes several files in one batch.",
     )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("files", nargs="*", help="audio files to transcribe")
     p.add_argument("--audio", nargs="+", default=[], help="audio files to transcribe")
     p.add_argument(
@@ -21,10 +23,7 @@ def add_parser(subparsers):
         action="store_true",
         help="also print mel / encoder / decode milliseconds, audio seconds and RTF",
     )
-    p.add_argument(
-        "--language", default=None, help="recognizer: language prompt (en-US, auto, ...)"
-    )
-    p.add_argument("--prompt-id", type=int, default=None, help="recognizer: language prompt index")
+    add_recognizer_options(p)
     p.add_argument(
         "--edge",
         default="nemo",
@@ -37,7 +36,7 @@ def add_parser(subparsers):
         default=None,
         help="encoder frames (80 ms each) per chunk of the chunked encoder (VoiceChat)",
     )
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    add_tokenizer_option(p)
     p.set_defaults(func=run)
     return p
 

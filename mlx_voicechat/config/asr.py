@@ -27,6 +27,8 @@ from .sections import (
     RNNTDecoderConfig,
     RNNTJointConfig,
     SubConfig,
+    read_fields,
+    write_fields,
 )
 
 MLX_AUDIO_TYPE = "nemotron_asr"
@@ -290,6 +292,74 @@ def _default_prompt_dictionary() -> Dict[str, int]:
         return {}
 
 
+# Transformers' names for our fields. A key a config leaves out takes Transformers' class
+# default (NemotronAsrStreamingEncoderConfig, NemotronAsrStreamingFeatureExtractor, the
+# processors; 5.23 writes every key, older versions or hand-edited folders need not): our
+# dataclasses' default, but for the keys in the _DEFAULTS below.
+TRANSFORMERS = {
+    "model_type": "=model_type",
+    "vocab_size": None,
+    "decoder_hidden_size": "@decoder.pred_hidden|joint.pred_hidden|joint.joint_hidden",
+    "num_decoder_layers": "@decoder.pred_rnn_layers",
+    "hidden_act": "@joint.activation",
+    "max_symbols_per_step": "@max_symbols",
+    "encoder_config": {
+        "model_type": "nemotron_asr_streaming_encoder",
+        "hidden_size": "@encoder.d_model|joint.encoder_hidden",
+        "num_hidden_layers": "@encoder.n_layers",
+        "num_attention_heads": "@encoder.n_heads",
+        "num_key_value_heads": "=encoder.n_heads",
+        "intermediate_size": None,
+        "hidden_act": "silu",
+        "attention_bias": None,
+        "convolution_bias": None,
+        "conv_kernel_size": "@encoder.conv_kernel_size",
+        "subsampling_factor": "@encoder.subsampling_factor",
+        "subsampling_conv_channels": "@encoder.subsampling_conv_channels",
+        "num_mel_bins": "@encoder.feat_in",
+        "subsampling_conv_kernel_size": 3,
+        "subsampling_conv_stride": 2,
+        "max_position_embeddings": "@encoder.pos_emb_max_len",
+        "scale_input": "@encoder.xscaling",
+        "sliding_window": None,
+        "default_num_lookahead_tokens": "=lookahead",
+    },
+    "pad_token_id": 0,
+    "blank_token_id": "=blank_id",
+    "is_encoder_decoder": True,
+}
+PROMPT = {  # config.json of a model with the language prompt
+    "architectures": ["Nemotron3_5AsrForRNNT"],
+    "model_type": "nemotron3_5_asr",
+    "num_prompts": "@prompt.num_prompts",
+    "prompt_intermediate_size": "@prompt.prompt_hidden",
+    "default_prompt_id": "@prompt.default_prompt_id",
+}
+PROCESSOR = {
+    "feature_extractor": {
+        "feature_extractor_type": "NemotronAsrStreamingFeatureExtractor",
+        "feature_size": "@preprocessor.features",
+        "sampling_rate": "@preprocessor.sample_rate",
+        "hop_length": "=preprocessor.hop_length",
+        "n_fft": "@preprocessor.n_fft",
+        "win_length": "=preprocessor.win_length",
+        "preemphasis": "@preprocessor.preemph",
+        "padding_value": "@preprocessor.pad_value",
+        "mel_filters_dtype": "@mel_filters_dtype",
+    },
+    "supported_num_lookahead_tokens": "@lookaheads",
+    "default_num_lookahead_tokens": "=lookahead",
+}
+_ENCODER_DEFAULTS = {
+    "attention_bias": True,
+    "convolution_bias": True,
+    "num_mel_bins": 80,
+    "scale_input": True,
+    "sliding_window": 71,
+}
+_FEATURE_DEFAULTS = {"feature_size": 80, "win_length": 400, "hop_length": 160}
+
+
 def transformers_fields(
     d: Mapping[str, Any], tokenizer: Optional[Mapping[str, Any]], processor: Mapping[str, Any]
 ) -> Dict[str, Any]:
@@ -297,179 +367,98 @@ def transformers_fields(
     enc = d.get("encoder_config")
     if not isinstance(enc, dict):
         raise ConfigError("config.json has no encoder_config")
-    what = "encoder_config"
-    _require(enc, "hidden_act", "silu", what)
-    _require(enc, "subsampling_conv_kernel_size", 3, what)
-    _require(enc, "subsampling_conv_stride", 2, what)
-    hidden = int(enc.get("hidden_size", 1024))
-    heads = int(enc.get("num_attention_heads", 8))
-    if enc.get("num_key_value_heads") not in (None, heads):
-        raise ConfigError("encoder_config num_key_value_heads must equal num_attention_heads")
-    inter = int(enc.get("intermediate_size", 4 * hidden))
-    if inter % hidden:
-        raise ConfigError(
-            f"encoder_config intermediate_size {inter} must be a multiple of hidden_size {hidden}"
-        )
-    # Transformers' class defaults for keys a config leaves out (NemotronAsrStreamingEncoderConfig,
-    # NemotronAsrStreamingFeatureExtractor, the processors): 5.23 writes every key, older
-    # versions or hand-edited folders need not.
-    attention_bias = bool(enc.get("attention_bias", True))
-    convolution_bias = bool(enc.get("convolution_bias", True))
-    zero_biases = tuple(
-        name
-        for name, on in (("attention", attention_bias), ("convolution", convolution_bias))
-        if not on and (attention_bias or convolution_bias)
-    )
-    feature = dict(processor.get("feature_extractor") or processor)
-    rate = int(feature.get("sampling_rate", 16000))
-    mels = int(enc.get("num_mel_bins", 80))
-    features = int(feature.get("feature_size", 80))
-    if features != mels:
-        raise ConfigError(
-            f"processor_config.json feature_size {features} differs from encoder_config "
-            f"num_mel_bins {mels} (a key left out means Transformers' default, 80)"
-        )
-    mel_filters_dtype = str(feature.get("mel_filters_dtype", "float32"))
-    pre = PreprocessorConfig(
-        sample_rate=rate,
-        features=mels,
-        n_fft=int(feature.get("n_fft", 512)),
-        window_size=int(feature.get("win_length", 400)) / rate,
-        window_stride=int(feature.get("hop_length", 160)) / rate,
-        preemph=float(feature.get("preemphasis", 0.97) or 0.0),
-        pad_value=float(feature.get("padding_value", 0.0)),
-    )
-    left = int(enc.get("sliding_window", 71)) - 1
+    for key in ("hidden_act", "subsampling_conv_kernel_size", "subsampling_conv_stride"):
+        _require(enc, key, TRANSFORMERS["encoder_config"][key], "encoder_config")
+    enc = {**_ENCODER_DEFAULTS, **enc}
+    feature = {**_FEATURE_DEFAULTS, **(processor.get("feature_extractor") or processor)}
+    f = read_fields(TRANSFORMERS, {**d, "encoder_config": enc})
+    read_fields(PROMPT if d["model_type"] == "nemotron3_5_asr" else {}, d, f)
+    read_fields(PROCESSOR, {**processor, "feature_extractor": feature}, f)
     # The processor's lookahead is what Transformers' pipeline passes to the model (its own
     # default: the first supported one); the encoder's applies to a bare forward call.
-    lookaheads = processor.get("supported_num_lookahead_tokens") or [13, 6, 1, 0]
-    default = int(processor.get("default_num_lookahead_tokens", lookaheads[0]))
-    encoder = EncoderConfig(
-        feat_in=mels,
-        n_layers=int(enc.get("num_hidden_layers", 24)),
-        d_model=hidden,
-        n_heads=heads,
-        ff_expansion_factor=inter // hidden,
-        subsampling_factor=int(enc.get("subsampling_factor", 8)),
-        subsampling_conv_channels=int(enc.get("subsampling_conv_channels", 256)),
-        conv_kernel_size=int(enc.get("conv_kernel_size", 9)),
-        att_context_size=(left, default),
-        pos_emb_max_len=int(enc.get("max_position_embeddings", 5000)),
-        use_bias=attention_bias or convolution_bias,
-        xscaling=bool(enc.get("scale_input", True)),
+    lookaheads = f.get("lookaheads") or ASRConfig.lookaheads
+    lookahead = processor.get("default_num_lookahead_tokens", lookaheads[0])
+    e = EncoderConfig.from_dict(
+        {**f.get("encoder", {}), "att_context_size": (enc["sliding_window"] - 1, lookahead)}
     )
+    pre = PreprocessorConfig.from_dict(f.get("preprocessor"))
+    if enc.get("num_key_value_heads") not in (None, e.n_heads):
+        raise ConfigError("encoder_config num_key_value_heads must equal num_attention_heads")
+    inter = enc.get("intermediate_size", 4 * e.d_model)
+    if inter % e.d_model:
+        raise ConfigError(
+            f"encoder_config intermediate_size {inter} must be a multiple of hidden_size "
+            f"{e.d_model}"
+        )
+    if pre.features != e.feat_in:
+        raise ConfigError(
+            f"processor_config.json feature_size {pre.features} differs from encoder_config "
+            f"num_mel_bins {e.feat_in} (a key left out means Transformers' default, 80)"
+        )
+    biases = {"attention": enc["attention_bias"], "convolution": enc["convolution_bias"]}
+    e.ff_expansion_factor, e.use_bias = inter // e.d_model, any(biases.values())
+    pre.window_size = feature["win_length"] / pre.sample_rate
+    pre.window_stride = feature["hop_length"] / pre.sample_rate
+    pre.preemph = pre.preemph or 0.0
     # Each model type's class defaults (NemotronAsrStreamingConfig: 1025 / 1024).
     english = d["model_type"] == "nemotron_asr_streaming"
-    vocab_size = int(d.get("vocab_size", 1025 if english else 13088))
-    blank = int(d.get("blank_token_id", 1024 if english else 13087))
+    vocab_size = d.get("vocab_size", 1025 if english else 13088)
+    blank = d.get("blank_token_id", 1024 if english else 13087)
     if blank != vocab_size - 1:
         raise ConfigError(
             f"blank_token_id {blank} must be the joint's last output ({vocab_size - 1})"
         )
-    pred = int(d.get("decoder_hidden_size", 640))
-    if d["model_type"] == "nemotron3_5_asr":
-        dictionary = processor.get("prompt_dictionary") or _default_prompt_dictionary()
-        prompt = PromptConfig(
-            num_prompts=int(d.get("num_prompts", 128)),
-            prompt_hidden=int(d.get("prompt_intermediate_size", 2048)),
-            prompt_dictionary={str(k): int(v) for k, v in dictionary.items()},
-            default_prompt_id=int(d.get("default_prompt_id", 101)),
-        )
-    else:
+    f.setdefault("decoder", {})["vocab_size"] = f.setdefault("joint", {})["num_classes"] = blank
+    if english:
         prompt = PromptConfig(num_prompts=0, prompt_hidden=0, default_prompt_id=0)
+    else:
+        dictionary = processor.get("prompt_dictionary") or _default_prompt_dictionary()
+        f.setdefault("prompt", {})["prompt_dictionary"] = {
+            str(k): int(v) for k, v in dictionary.items()
+        }
+        prompt = PromptConfig.from_dict(f["prompt"])
     return dict(
         preprocessor=pre,
-        encoder=encoder,
+        encoder=e,
         prompt=prompt,
-        decoder=RNNTDecoderConfig(
-            pred_hidden=pred, pred_rnn_layers=int(d.get("num_decoder_layers", 2)), vocab_size=blank
-        ),
-        joint=RNNTJointConfig(
-            encoder_hidden=hidden,
-            pred_hidden=pred,
-            joint_hidden=pred,
-            num_classes=blank,
-            activation=str(d.get("hidden_act", "relu")),
-        ),
+        decoder=RNNTDecoderConfig.from_dict(f["decoder"]),
+        joint=RNNTJointConfig.from_dict(f["joint"]),
         vocabulary=transformers_vocabulary(tokenizer, blank),
-        max_symbols=int(d.get("max_symbols_per_step", 10)),
-        lookaheads=tuple(int(r) for r in lookaheads),
+        lookaheads=tuple(lookaheads),
         model_type=d["model_type"],
         layout="transformers",
         quantization=d.get("quantization") or d.get("quantization_config"),
         model_path=d.get("model_path"),
-        mel_filters_dtype=mel_filters_dtype,
-        zero_biases=zero_biases,
+        zero_biases=tuple(k for k, on in biases.items() if not on and any(biases.values())),
+        **{k: f[k] for k in ("max_symbols", "mel_filters_dtype") if k in f},
     )
 
 
 def transformers_config(config: ASRConfig) -> Dict[str, Any]:
     """(``config.json``, ``processor_config.json``) of the Transformers layout for ``config``."""
-    enc, pre, p = config.encoder, config.preprocessor, config.prompt
-    encoder = {
-        "model_type": "nemotron_asr_streaming_encoder",
-        "hidden_size": enc.d_model,
-        "num_hidden_layers": enc.n_layers,
-        "num_attention_heads": enc.n_heads,
-        "num_key_value_heads": enc.n_heads,
-        "intermediate_size": enc.d_model * enc.ff_expansion_factor,
-        "hidden_act": "silu",
-        "attention_bias": enc.use_bias and "attention" not in config.zero_biases,
-        "convolution_bias": enc.use_bias and "convolution" not in config.zero_biases,
-        "conv_kernel_size": enc.conv_kernel_size,
-        "subsampling_factor": enc.subsampling_factor,
-        "subsampling_conv_channels": enc.subsampling_conv_channels,
-        "num_mel_bins": enc.feat_in,
-        "subsampling_conv_kernel_size": 3,
-        "subsampling_conv_stride": 2,
-        "max_position_embeddings": enc.pos_emb_max_len,
-        "scale_input": enc.xscaling,
-        "sliding_window": enc.att_context_size[0] + 1,
-        "default_num_lookahead_tokens": config.lookahead,
-    }
-    d = {
-        "model_type": config.model_type
-        if config.layout == "transformers"
-        else TRANSFORMERS_TYPES[0],
-        "vocab_size": config.blank_id + 1,
-        "decoder_hidden_size": config.decoder.pred_hidden,
-        "num_decoder_layers": config.decoder.pred_rnn_layers,
-        "hidden_act": config.joint.activation,
-        "max_symbols_per_step": config.max_symbols,
-        "encoder_config": encoder,
-        "pad_token_id": 0,
-        "blank_token_id": config.blank_id,
-        "is_encoder_decoder": True,
-    }
-    if p.num_prompts:
-        d.update(
-            architectures=["Nemotron3_5AsrForRNNT"],
-            model_type="nemotron3_5_asr",
-            num_prompts=p.num_prompts,
-            prompt_intermediate_size=p.prompt_hidden,
-            default_prompt_id=p.default_prompt_id,
-        )
+    enc = config.encoder
+    d = write_fields(TRANSFORMERS, config)
+    if config.layout != "transformers":
+        d["model_type"] = TRANSFORMERS_TYPES[0]
+    d["vocab_size"] = config.blank_id + 1
+    d["encoder_config"].update(
+        intermediate_size=enc.d_model * enc.ff_expansion_factor,
+        attention_bias=enc.use_bias and "attention" not in config.zero_biases,
+        convolution_bias=enc.use_bias and "convolution" not in config.zero_biases,
+        sliding_window=enc.att_context_size[0] + 1,
+    )
+    if config.prompt.num_prompts:
+        d.update(write_fields(PROMPT, config))
     else:
         d.update(architectures=["NemotronAsrStreamingForRNNT"], model_type="nemotron_asr_streaming")
     if config.quantization:
         d["quantization"] = dict(config.quantization)
-    processor = {
-        "feature_extractor": {
-            "feature_extractor_type": "NemotronAsrStreamingFeatureExtractor",
-            "feature_size": pre.features,
-            "sampling_rate": pre.sample_rate,
-            "hop_length": pre.hop_length,
-            "n_fft": pre.n_fft,
-            "win_length": pre.win_length,
-            "preemphasis": pre.preemph,
-            "padding_value": pre.pad_value,
-            "mel_filters_dtype": config.mel_filters_dtype,
-        },
-        "supported_num_lookahead_tokens": list(config.lookaheads),
-        "default_num_lookahead_tokens": config.lookahead,
-    }
-    if p.num_prompts:
-        processor.update(prompt_dictionary=dict(p.prompt_dictionary), num_prompts=p.num_prompts)
+    processor = write_fields(PROCESSOR, config)
+    if config.prompt.num_prompts:
+        processor.update(
+            prompt_dictionary=dict(config.prompt.prompt_dictionary),
+            num_prompts=config.prompt.num_prompts,
+        )
     return d, processor
 
 

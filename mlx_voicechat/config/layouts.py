@@ -16,12 +16,34 @@ from typing import Any, Dict
 from .sections import (
     MODEL_TYPE,
     NEMOTRON_NANO_9B_V2,
-    SPEAKER,
     AudioConfig,
     CodecConfig,
     ConfigError,
     TTSConfig,
     _known,
+    read_fields,
+    write_fields,
+)
+
+GEMMA_SIZES = (  # named alike by both TTS stacks and the flat config
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+GEMMA_KEYS = (*GEMMA_SIZES, "rms_norm_eps", "query_pre_attn_scalar")
+_TTS_FLAGS = (
+    "latent_size",
+    "num_quantizers",
+    "codebook_size",
+    "exponent",
+    "num_delay_speech_tokens",
+    "use_subword_flag_emb",
+    "use_bos_eos_emb",
+    "use_gated_fusion_for_text_audio",
+    "use_audio_prompt_frozen_projection",
 )
 
 
@@ -62,87 +84,148 @@ def flat_fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     )
 
 
+_TTS = "tts_config"
+_CHAR = "tts_config.character_encoder"
+_DECODER, _JOINT = "audio_config.decoder", "audio_config.joint"
+_DEFAULT_ROPE = {"rope_type": "default"}
+_NEMO_ASR = "nemo.collections.asr.modules"
+
+# NVIDIA's nested NeMo/Hydra run config (the text config embedded), field by field.
+NEMO = {
+    "data": {
+        "source_sample_rate": "@input_sample_rate",
+        "target_sample_rate": "@output_sample_rate|codec_config.sample_rate",
+        "frame_length": "@frame_duration",
+    },
+    "exp_manager": {},
+    "model": {
+        "stt": {
+            "model": {
+                "pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+                "perception": {
+                    "preprocessor": {
+                        "_target_": f"{_NEMO_ASR}.AudioToMelSpectrogramPreprocessor",
+                        "*": "@audio_config.preprocessor",
+                    },
+                    "encoder": {
+                        "*": "@audio_config.encoder",
+                        "_target_": f"{_NEMO_ASR}.ConformerEncoder",
+                    },
+                    "output_dim": "@audio_config.output_dim",
+                },
+                "use_function_head": True,
+                "duplex_function_channel_weight": "@function_channel_weight",
+            }
+        },
+        "speech_generation": {
+            "data": {
+                "target_sample_rate": "@codec_config.sample_rate",
+                "source_sample_rate": "=input_sample_rate",
+                "frame_length": "=frame_duration",
+                "audio_prompt_duration": f"@{_TTS}.audio_prompt_duration",
+            },
+            "model": {
+                "inference_guidance_scale": f"@{_TTS}.guidance_scale",
+                "inference_top_p_or_k": f"@{_TTS}.top_p",
+                "inference_noise_scale": f"@{_TTS}.noise_scale",
+                "tts_config": {
+                    "backbone_type": "gemma3_text",
+                    "backbone_config": {
+                        **{k: f"@{_TTS}.{k}" for k in GEMMA_KEYS},
+                        "sliding_window": f"@{_TTS}.sliding_window",
+                        "sliding_window_pattern": f"@{_TTS}.sliding_window_pattern",
+                        "rope_parameters": {
+                            "full_attention": {
+                                **_DEFAULT_ROPE,
+                                "rope_theta": f"@{_TTS}.rope_global_base_freq",
+                            },
+                            "sliding_attention": {
+                                **_DEFAULT_ROPE,
+                                "rope_theta": f"@{_TTS}.rope_local_base_freq",
+                            },
+                        },
+                    },
+                    **{k: f"@{_TTS}.{k}" for k in _TTS_FLAGS},
+                    "cas_config": {
+                        "backbone_type": "t5gemma",
+                        "backbone_config": {
+                            "encoder": {
+                                **{k: f"@{_CHAR}.{k}" for k in GEMMA_KEYS},
+                                "attn_logit_softcapping": f"@{_CHAR}.attn_logit_softcapping",
+                                "rope_parameters": {
+                                    **_DEFAULT_ROPE,
+                                    "rope_theta": f"@{_CHAR}.rope_base",
+                                },
+                            }
+                        },
+                    },
+                    "mog_head_config": f"@{_TTS}.mog_head",
+                },
+                "codec_config": {
+                    "latent_size": "@codec_config.latent_dim",
+                    "n_fft": "@codec_config.n_fft",
+                    "hop_length": "@codec_config.hop_length",
+                    "base_hidden_size": "@codec_config.base_channels",
+                    "channel_mult": "@codec_config.channel_multipliers",
+                    "rates": "@codec_config.downsample_rates",
+                    "num_blocks": "@codec_config.blocks_per_stage",
+                    "kernel_size": "@codec_config.block_kernel_size",
+                    "codebook_size": "@codec_config.codebook_size",
+                    "num_quantizers": "@codec_config.num_quantizers",
+                    "wav_to_token_ratio": "=codec_config.samples_per_frame",
+                },
+            },
+        },
+        "inference_speaker_name": "@speaker",
+    },
+    "trainer": {},
+    "_rnnt_merge_info": {
+        "decoder_config": {
+            "prednet": {k: f"@{_DECODER}.{k}" for k in ("pred_hidden", "pred_rnn_layers")},
+            "vocab_size": f"@{_DECODER}.vocab_size",
+            "blank_as_pad": f"@{_DECODER}.blank_as_pad",
+        },
+        "joint_config": {
+            "jointnet": {
+                k: f"@{_JOINT}.{k}"
+                for k in ("joint_hidden", "activation", "encoder_hidden", "pred_hidden")
+            },
+            "num_classes": f"@{_JOINT}.num_classes",
+            "vocabulary": "@rnnt_vocabulary",
+        },
+        "rnnt_vocab_size": None,  # len(vocabulary)
+    },
+    "text_config": "@text_config",
+}
+
+
 def nemo_fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     """``cls`` (VoiceChatConfig) fields from NVIDIA's NeMo/Hydra config (mlx-audio: plus its
     ``mlx_audio`` section)."""
-    model = d["model"]
-    stt = (model.get("stt") or {}).get("model") or {}
-    gen_run = model.get("speech_generation") or {}
-    gen = gen_run.get("model") or {}
-    gen_data = gen_run.get("data") or {}
-    data = d.get("data") or {}
+    f = read_fields(NEMO, d)
     mlx_audio = d.get("mlx_audio") or {}
-    perception = stt.get("perception") or {}
-    rnnt = d.get("_rnnt_merge_info") or {}
-    tts = gen.get("tts_config") or {}
-    backbone = tts.get("backbone_config") or {}
-    rope = backbone.get("rope_parameters") or {}
-    cas = ((tts.get("cas_config") or {}).get("backbone_config") or {}).get("encoder") or {}
-    codec = gen.get("codec_config") or {}
-
-    text = d.get("text_config") or mlx_audio.get("llm_config")
-    if not text:
-        text = dict(NEMOTRON_NANO_9B_V2)
-
-    audio = AudioConfig.from_dict(
-        {
-            "preprocessor": perception.get("preprocessor"),
-            "encoder": perception.get("encoder"),
-            "decoder": rnnt.get("decoder_config"),
-            "joint": rnnt.get("joint_config"),
-            "output_dim": perception.get("output_dim", AudioConfig.output_dim),
-        }
-    )
-    tts_dict = {
-        **{k: v for k, v in backbone.items() if k not in ("rope_parameters",)},
-        **{k: v for k, v in tts.items() if not isinstance(v, dict)},
-        "character_encoder": cas,
-        "mog_head": tts.get("mog_head_config"),
-        "guidance_scale": gen.get("inference_guidance_scale", TTSConfig.guidance_scale),
-        "top_p": gen.get("inference_top_p_or_k", TTSConfig.top_p),
-        "noise_scale": gen.get("inference_noise_scale", TTSConfig.noise_scale),
-        "audio_prompt_duration": gen_data.get(
-            "audio_prompt_duration", TTSConfig.audio_prompt_duration
-        ),
-    }
-    if "full_attention" in rope:
-        tts_dict["rope_global_base_freq"] = rope["full_attention"].get("rope_theta")
-    if "sliding_attention" in rope:
-        tts_dict["rope_local_base_freq"] = rope["sliding_attention"].get("rope_theta")
-    codec_dict = {
-        "sample_rate": data.get("target_sample_rate", gen_data.get("target_sample_rate", 22050)),
-        "base_channels": codec.get("base_hidden_size", CodecConfig.base_channels),
-        "channel_multipliers": codec.get("channel_mult", CodecConfig.channel_multipliers),
-        "downsample_rates": codec.get("rates", CodecConfig.downsample_rates),
-        "blocks_per_stage": codec.get("num_blocks", CodecConfig.blocks_per_stage),
-        "block_kernel_size": codec.get("kernel_size", CodecConfig.block_kernel_size),
-        "latent_dim": codec.get("latent_size", CodecConfig.latent_dim),
-        "n_fft": codec.get("n_fft", CodecConfig.n_fft),
-        "hop_length": codec.get("hop_length", CodecConfig.hop_length),
-        "num_quantizers": codec.get("num_quantizers", CodecConfig.num_quantizers),
-        "codebook_size": codec.get("codebook_size", CodecConfig.codebook_size),
-    }
-    vocab = (rnnt.get("joint_config") or {}).get("vocabulary") or []
-    top = {
-        "speaker": model.get("inference_speaker_name", SPEAKER),
-        "input_sample_rate": data.get("source_sample_rate", 16000),
-        "output_sample_rate": data.get("target_sample_rate", 22050),
-        "frame_duration": data.get("frame_length", 0.08),
-        "function_channel_weight": stt.get(
-            "duplex_function_channel_weight", cls.function_channel_weight
-        ),
-        "rnnt_vocabulary": list(vocab),
-        "quantization": d.get("quantization") or d.get("quantization_config"),
-        "model_path": d.get("model_path"),
-    }
-    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if k in text:
-            top[k] = text[k]
+    text = d.get("text_config") or mlx_audio.get("llm_config") or dict(NEMOTRON_NANO_9B_V2)
+    top = _known(cls, f)
+    for k in ("text_config", "audio_config", "tts_config", "codec_config"):
+        top.pop(k, None)
+    top["rnnt_vocabulary"] = list(top.get("rnnt_vocabulary") or [])
+    top.update({k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in text})
     return dict(
         text_config=dict(text),
-        audio_config=audio,
-        tts_config=TTSConfig.from_dict(tts_dict),
-        codec_config=CodecConfig.from_dict(codec_dict),
+        audio_config=AudioConfig.from_dict(f.get("audio_config")),
+        tts_config=TTSConfig.from_dict(f.get("tts_config")),
+        codec_config=CodecConfig.from_dict(f.get("codec_config")),
         layout="mlx-audio" if mlx_audio else "nvidia",
+        quantization=d.get("quantization") or d.get("quantization_config"),
+        model_path=d.get("model_path"),
         **top,
     )
+
+
+def nemo_config(config) -> Dict[str, Any]:
+    """NVIDIA's nested NeMo/Hydra run config for ``config`` (a VoiceChatConfig)."""
+    out = write_fields(NEMO, config)
+    encoder = out["model"]["stt"]["model"]["perception"]["encoder"]
+    encoder["att_context_size"] = [list(config.audio_config.encoder.att_context_size)]
+    out["_rnnt_merge_info"]["rnnt_vocab_size"] = len(config.rnnt_vocabulary)
+    return out

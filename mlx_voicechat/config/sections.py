@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import CheckpointError
 
@@ -36,6 +36,56 @@ class SubConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# --- rename tables -------------------------------------------------------------------------
+# A layout's config.json as a template: a leaf "@a.b" is the field ``a.b`` of our config tree,
+# read and written ("@a.b|c.d" is read into both, written from the first), "=a.b" is only
+# written, a key "*" splices in a whole section, anything else is a constant that is written.
+
+
+def read_fields(template: Mapping[str, Any], d: Any, out: Optional[dict] = None) -> dict:
+    """The fields ``d`` holds, nested as our config tree: ``{"audio_config": {...}, ...}``."""
+    out = {} if out is None else out
+    for key, spec in template.items():
+        if key == "*":
+            value = d
+        elif isinstance(d, Mapping) and key in d:
+            value = d[key]
+        else:
+            continue
+        if isinstance(spec, Mapping):
+            read_fields(spec, value, out)
+        elif isinstance(spec, str) and spec.startswith("@"):
+            for path in spec[1:].split("|"):
+                *parents, leaf = path.split(".")
+                node = out
+                for name in parents:
+                    node = node.setdefault(name, {})
+                # the first place in the template wins; a section is copied, never shared
+                node.setdefault(leaf, dict(value) if isinstance(value, Mapping) else value)
+    return out
+
+
+def write_fields(template: Mapping[str, Any], config: Any) -> Dict[str, Any]:
+    """``template`` filled from ``config`` (a dataclass tree)."""
+    out: Dict[str, Any] = {}
+    for key, spec in template.items():
+        if isinstance(spec, Mapping):
+            out[key] = write_fields(spec, config)
+            continue
+        if isinstance(spec, str) and spec[:1] in ("@", "="):
+            value = config
+            for name in spec[1:].split("|")[0].split("."):
+                value = getattr(value, name)
+            if dataclasses.is_dataclass(value):
+                value = value.to_dict()
+            spec = list(value) if isinstance(value, tuple) else value
+        if key == "*":
+            out.update(spec)
+        else:
+            out[key] = dict(spec) if isinstance(spec, dict) else spec
+    return out
 
 
 # --- listening path ---------------------------------------------------------------------
@@ -129,21 +179,16 @@ class AudioConfig(SubConfig):
         return cls(
             preprocessor=PreprocessorConfig.from_dict(d.get("preprocessor")),
             encoder=EncoderConfig.from_dict(d.get("encoder")),
-            decoder=RNNTDecoderConfig.from_dict(_flatten_prednet(d.get("decoder"))),
-            joint=RNNTJointConfig.from_dict(_flatten_jointnet(d.get("joint"))),
+            decoder=RNNTDecoderConfig.from_dict(_flatten(d.get("decoder"), "prednet")),
+            joint=RNNTJointConfig.from_dict(_flatten(d.get("joint"), "jointnet")),
             **_known(cls, {k: v for k, v in d.items() if k in ("output_dim", "max_symbols")}),
         )
 
 
-def _flatten_prednet(d):
+def _flatten(d, inner: str):
+    """NeMo's RNNT section with its ``prednet`` / ``jointnet`` keys lifted up."""
     d = dict(d or {})
-    d.update(d.pop("prednet", None) or {})
-    return d
-
-
-def _flatten_jointnet(d):
-    d = dict(d or {})
-    d.update(d.pop("jointnet", None) or {})
+    d.update(d.pop(inner, None) or {})
     return d
 
 
@@ -301,14 +346,18 @@ NEMOTRON_NANO_9B_V2 = {
     "time_step_limit": [0.0, float("inf")],
 }
 
+# What a text config that leaves these out means (the real LLM's values).
 _TEXT_DEFAULTS = {
-    "attention_bias": False,
-    "mamba_proj_bias": False,
-    "mlp_bias": False,
-    "use_bias": False,
-    "use_conv_bias": True,
-    "layer_norm_epsilon": 1e-5,
-    "max_position_embeddings": 131072,
+    k: NEMOTRON_NANO_9B_V2[k]
+    for k in (
+        "attention_bias",
+        "mamba_proj_bias",
+        "mlp_bias",
+        "use_bias",
+        "use_conv_bias",
+        "layer_norm_epsilon",
+        "max_position_embeddings",
+    )
 }
 
 

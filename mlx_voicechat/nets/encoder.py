@@ -43,25 +43,10 @@ NEG_INF = -1e30
 
 
 def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
-    return ConformerArgs(
-        feat_in=cfg.feat_in,
-        n_layers=cfg.n_layers,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        ff_expansion_factor=cfg.ff_expansion_factor,
-        subsampling_factor=cfg.subsampling_factor,
-        subsampling_conv_channels=cfg.subsampling_conv_channels,
-        conv_kernel_size=cfg.conv_kernel_size,
-        causal_downsampling=cfg.causal_downsampling,
-        conv_context_size="causal",
-        conv_norm_type=cfg.conv_norm_type,
-        self_attention_model=cfg.self_attention_model,
-        att_context_style=cfg.att_context_style,
-        att_context_size=[list(cfg.att_context_size)],
-        pos_emb_max_len=cfg.pos_emb_max_len,
-        use_bias=cfg.use_bias,
-        xscaling=cfg.xscaling,
-    )
+    # ConformerArgs has no from_dict; the shared names are its fields but conv_context_size.
+    given = {**vars(cfg), "conv_context_size": "causal"}
+    given["att_context_size"] = [list(cfg.att_context_size)]
+    return ConformerArgs(**{name: given[name] for name in ConformerArgs.__dataclass_fields__})
 
 
 class Subsampling(Versioned, CausalDwStridingSubsampling):

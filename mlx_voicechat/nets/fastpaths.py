@@ -112,7 +112,7 @@ PATHS: Dict[str, FastPath] = {
             "asr.mel",
             "the recognizer's mel filterbank product summed over each mel bin's band of FFT "
             "bins (in bin order, the bands' zeros left out), with the log, compiled",
-            "nets.asr.MelFrontend's power @ fb (the filterbank mlx-audio computes)",
+            "nets.mel.LogMel's power @ fb (the filterbank mlx-audio computes)",
             "on the CPU",
         ),
         FastPath(

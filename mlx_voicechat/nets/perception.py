@@ -1,9 +1,8 @@
 """Listening path, network 1: NeMo log-mel, causal FastConformer, projection to the LLM width.
 
-The FastConformer is :mod:`.encoder` (mlx-audio's blocks, chunked); this module adds what NeMo
-does differently in the front-end (zero-padded STFT on the checkpoint's own window and
-filterbank, ``floor(n / hop)`` valid length, padded frames masked) and the projection to the
-LLM's audio channel.
+The FastConformer is :mod:`.encoder` (mlx-audio's blocks, chunked); the log-mel is
+:class:`.mel.LogMel` (NeMo's front-end) on the checkpoint's own window and filterbank; this module
+adds the projection to the LLM's audio channel.
 """
 
 from __future__ import annotations
@@ -12,15 +11,11 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_audio.dsp import stft
 
-from ..config import AudioConfig, ConfigError, PreprocessorConfig
+from ..config import AudioConfig, PreprocessorConfig
 from .encoder import DEFAULT_CHUNK_FRAMES, FastConformer
+from .mel import LogMel, check_preprocessor
 from .version import Versioned
-
-# Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
-MEL_BLOCK_FRAMES = 4096
-
 
 # --- log-mel front-end ---------------------------------------------------------------------
 
@@ -35,57 +30,18 @@ class Featurizer(Versioned, nn.Module):
 
 
 class Preprocessor(Versioned, nn.Module):
+    """NeMo's ``AudioToMelSpectrogramPreprocessor``: its config and the checkpoint's buffers."""
+
     def __init__(self, cfg: PreprocessorConfig):
         super().__init__()
-        if str(cfg.normalize).upper() not in ("NA", "NONE"):
-            raise ConfigError(
-                f"preprocessor.normalize {cfg.normalize!r} is not supported (NA only)"
-            )
-        if cfg.pad_to not in (0, None):
-            raise ConfigError(f"preprocessor.pad_to {cfg.pad_to!r} is not supported (0 only)")
-        self.cfg = cfg
+        self.cfg = check_preprocessor(cfg)
         self.featurizer = Featurizer(cfg)
 
-    def valid_frames(self, lengths: mx.array) -> mx.array:
-        # Errata 2: NeMo counts (n + 2 * (n_fft // 2) - n_fft) // hop frames, one fewer than
-        # the centred STFT produces.
-        pad = self.cfg.n_fft // 2
-        return (lengths + 2 * pad - self.cfg.n_fft) // self.cfg.hop_length
-
-    def __call__(self, wave: mx.array, lengths: Optional[mx.array] = None):
-        cfg = self.cfg
-        wave = (wave[None] if wave.ndim == 1 else wave).astype(mx.float32)
-        B, N = wave.shape
-        if lengths is None:
-            lengths = mx.full((B,), N, dtype=mx.int32)
-        lengths = lengths.astype(mx.int32)
-        if cfg.preemph:
-            wave = mx.concatenate([wave[:, :1], wave[:, 1:] - cfg.preemph * wave[:, :-1]], axis=1)
-        wave = mx.where(mx.arange(N)[None] < lengths[:, None], wave, 0.0)
-
-        n_fft, hop = cfg.n_fft, cfg.hop_length
-        window = self.featurizer.window.astype(mx.float32)
-        fb = self.featurizer.fb[0].astype(mx.float32).T  # [n_fft // 2 + 1, n_mels]
-        # Errata 1: NeMo's STFT pads n_fft // 2 zeros on each side (not reflect).
-        padded = mx.pad(wave, [(0, 0), (n_fft // 2, n_fft // 2)])
-        n_frames = 1 + (padded.shape[1] - n_fft) // hop
-        rows = []
-        for b in range(B):
-            blocks = []
-            for f0 in range(0, n_frames, MEL_BLOCK_FRAMES):
-                f1 = min(f0 + MEL_BLOCK_FRAMES, n_frames)
-                seg = padded[b, f0 * hop : (f1 - 1) * hop + n_fft]
-                spec = stft(seg, n_fft, hop, n_fft, window, center=False)
-                power = mx.square(spec.real) + mx.square(spec.imag)
-                if cfg.mag_power != 2.0:
-                    power = mx.power(mx.sqrt(power), cfg.mag_power)
-                blocks.append(mx.log(power @ fb + cfg.log_zero_guard_value))
-            rows.append(mx.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0])
-        mel = mx.stack(rows)
-        mel_len = self.valid_frames(lengths)
-        keep = mx.arange(n_frames)[None, :, None] < mel_len[:, None, None]
-        mel = mx.where(keep, mel, cfg.pad_value)
-        return mel, mel_len
+    @property
+    def frontend(self) -> LogMel:
+        """The log-mel on the window and filterbank the weights hold now."""
+        f = self.featurizer
+        return LogMel(self.cfg, f.window.astype(mx.float32), f.fb[0].astype(mx.float32).T)
 
 
 # --- perception --------------------------------------------------------------------------------
@@ -101,12 +57,16 @@ class Perception(Versioned, nn.Module):
         self.proj = nn.Linear(audio_config.encoder.d_model, audio_config.output_dim)
 
     @property
+    def frontend(self) -> LogMel:
+        return self.preprocessor.frontend
+
+    @property
     def sample_rate(self) -> int:
         return self.preprocessor.cfg.sample_rate
 
     def log_mel(self, wave: mx.array, lengths: Optional[mx.array] = None):
         """``wave`` [B, N] or [N] at 16 kHz -> (mel [B, T, n_mels], mel_len [B])."""
-        return self.preprocessor(wave, lengths)
+        return self.frontend(wave, lengths)
 
     def encode(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
         """(encoded [B, T', d_model], lengths [B]); frames at index >= lengths are padding."""

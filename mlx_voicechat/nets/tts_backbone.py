@@ -31,21 +31,9 @@ from .version import Memo, Versioned
 
 
 def _gemma_args(cfg: TTSConfig) -> gemma3_text.ModelArgs:
-    return gemma3_text.ModelArgs(
-        model_type="gemma3_text",
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        intermediate_size=cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.rms_norm_eps,
-        vocab_size=1,
-        rope_theta=cfg.rope_global_base_freq,
-        rope_local_base_freq=cfg.rope_local_base_freq,
-        query_pre_attn_scalar=cfg.query_pre_attn_scalar,
-        sliding_window=cfg.sliding_window,
-        sliding_window_pattern=cfg.sliding_window_pattern,
+    fixed = {"model_type": "gemma3_text", "vocab_size": 1}
+    return gemma3_text.ModelArgs.from_dict(
+        {**vars(cfg), "rope_theta": cfg.rope_global_base_freq, **fixed}
     )
 
 

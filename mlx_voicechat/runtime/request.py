@@ -11,11 +11,10 @@ is the one check of ``extra_decoding_seconds``.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence
 
-from ..errors import RequestError
+from ..errors import RequestError, is_int, is_number
 from ..noise import NoiseSource
 from .tools import prepare_tools
 
@@ -56,7 +55,7 @@ class Request:
 def check_seed(seed, name: str = "seed") -> int:
     """``seed`` as an int, or a RequestError for anything MLX cannot key with (``name``: what
     the caller calls it, e.g. the CLI's ``--seed``)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise RequestError(f"{name} must be an integer from 0 to 2**64 - 1, got {seed!r}")
     return int(seed)
 
@@ -65,12 +64,7 @@ def check_extra_seconds(seconds, name: str = "extra_decoding_seconds") -> float:
     """``extra_decoding_seconds`` as a float, or a RequestError (``name`` as for
     :func:`check_seed`). How much of it fits in the context is :meth:`Request.check_frames`'s
     to say, once the audio is known."""
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, numbers.Real)
-        or not math.isfinite(seconds)
-        or seconds < 0
-    ):
+    if not is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
         raise RequestError(f"{name} must be a finite number >= 0, got {seconds!r}")
     return float(seconds)
 
@@ -91,7 +85,7 @@ def check_prompt_ids(model, prompt) -> List[int]:
     vocab = model.config.text_args.vocab_size
     ids = []
     for i in prompt:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < vocab:
+        if not is_int(i) or not 0 <= i < vocab:
             raise RequestError(
                 f"prompt id {i!r} is not a token id of this model: ids are integers from 0 to "
                 f"{vocab - 1} (the vocabulary has {vocab})"
@@ -118,8 +112,7 @@ def prompt_ids(model, system_prompt: Optional[str]) -> List[int]:
 def check_max_seconds(max_seconds) -> Optional[float]:
     if max_seconds is None:
         return None
-    number = isinstance(max_seconds, numbers.Real) and not isinstance(max_seconds, bool)
-    if not number or not math.isfinite(max_seconds) or max_seconds <= 0:
+    if not is_number(max_seconds) or not math.isfinite(max_seconds) or max_seconds <= 0:
         raise RequestError(f"max_seconds must be a positive number, got {max_seconds!r}")
     return float(max_seconds)
 

@@ -3,7 +3,7 @@
 The same interface as :class:`~mlx_voicechat.runtime.asr_session.TranscriptionSession`
 (``feed`` / ``finish`` -> per-frame :class:`TranscriptEvent` s), so a server offers
 transcription sessions on either kind of checkpoint. Each 80 ms frame runs the live path's
-listening pieces without the LLM or the speech: the mel window (``audioin.MelStream``; frame
+listening pieces without the LLM or the speech: the mel window (``nets.mel.MelStream``; frame
 ``k`` is final with sample ``1280 k + 199``), the encoder on its left context, and the frame's
 greedy RNNT symbols on the device (``nets.rnnt.FrameDecoder``), one read per frame; the tokens
 equal ``model.transcribe`` on the same samples.
@@ -14,16 +14,14 @@ from __future__ import annotations
 from typing import List, Optional
 
 import mlx.core as mx
-import numpy as np
 
 from .asr_events import (
     TranscriptEvent,
     TranscriptEvents,
     TranscriptionError,
-    _mono_float32,
     close_events,
 )
-from .audioin import MelStream
+from .audioin import AudioIn
 
 
 class RNNTTranscription:
@@ -35,12 +33,13 @@ class RNNTTranscription:
         self.sample_rate = cfg.input_sample_rate
         self.frame_samples = cfg.input_samples_per_frame
         self.forced_language = None
-        self._mel = MelStream(model.stt_model.perception)
+        self._audio = AudioIn(model.stt_model.perception, self.sample_rate, TranscriptionError)
+        self._mel = self._audio.mel
         self._frames = model.rnnt_frames
         self.reset()
 
     def reset(self) -> None:
-        self._mel.reset()
+        self._audio.reset()
         self._encoder = self.model.stt_model.perception.encoder.make_cache()
         self._h, self._c, self._pred = self._frames.start()
         self._events = TranscriptEvents(self.model.rnnt_vocabulary)
@@ -49,7 +48,6 @@ class RNNTTranscription:
         self.token_frames: List[int] = []
         self.reads = 0
         self._finished = False
-        self._resampler = None
 
     def samples_needed(self, k: int) -> int:
         return self._mel.samples_needed(k)
@@ -88,25 +86,13 @@ class RNNTTranscription:
     def feed(self, samples, sample_rate: Optional[int] = None) -> List[TranscriptEvent]:
         if self._finished:
             raise TranscriptionError("the session has finished; call reset() to start again")
-        x = _mono_float32(samples)
-        if sample_rate is not None and int(sample_rate) != self.sample_rate and x.size:
-            import soxr
-
-            if self._resampler is None:
-                self._resampler = soxr.ResampleStream(
-                    int(sample_rate), self.sample_rate, 1, dtype="float32"
-                )
-            x = self._resampler.resample_chunk(x)
-        self._mel.push(x)
+        self._audio.push(samples, sample_rate)
         return self._decode()
 
     def finish(self) -> List[TranscriptEvent]:
         if self._finished:
             raise TranscriptionError("the session has already finished")
-        if self._resampler is not None:
-            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            if tail.size:
-                self._mel.push(tail)
+        self._audio.drain_resamplers()
         self._mel.finish()
         events = self._decode()
         self._finished = True

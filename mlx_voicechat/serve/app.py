@@ -14,14 +14,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
-from .mcp_tools import McpPolicy
 from .protocol import Realtime
 from .secrets import PresetSocket, SecretRefused, bearer_secret, refusal
-from .server import CLOSE_RESTART, MAX_PROMPT_TOKENS, SHUTDOWN_CODE, Server
+from .server import CLOSE_RESTART, SHUTDOWN_CODE, Server
+from .settings import ServerSettings
 from .transcription_connection import serve_connection, warm_up
 from .webrtc import ICE_TIMEOUT, close_calls, install as install_webrtc
 from .worker import Worker
@@ -29,7 +29,6 @@ from .worker import Worker
 STATIC_DIR = Path(__file__).parent / "static"
 ADMISSION_GRACE_SECONDS = 0.25  # how long a connection to a full server waits for a slot
 WS_MAX_SIZE = 4 << 20  # bytes; events over protocol.MAX_EVENT_BYTES get an error, over this a close
-IDLE_TIMEOUT = 180.0  # seconds without client audio before a connection is closed
 # The page loads only its own files and talks only to its own server; nothing may frame it
 # (it holds the microphone).
 PAGE_HEADERS = [
@@ -47,88 +46,27 @@ PAGE_HEADERS = [
 
 def create_app(
     model,
+    settings: Optional[ServerSettings] = None,
     *,
-    api_key: Optional[str] = None,
-    max_sessions: int = 1,
-    allow_origins: Iterable[str] = (),
-    silence_feed: bool = True,
-    max_lag_seconds: float = 10.0,
-    model_id: str = "nemotron-voicechat",
-    silence_grace_seconds: float = 0.24,
-    commit_seconds: float = 3.0,
-    max_reply_seconds: float = 30.0,
-    chunk_frames: int = 4,
-    send_queue_size: int = 512,
-    stats_every_frames: int = 25,
-    seed: int = 0,
-    session_options: Optional[dict] = None,
+    worker: Optional[Worker] = None,
     warmup: bool = True,
     static_dir: Optional[Path] = None,
-    worker: Optional[Worker] = None,
-    idle_timeout: Optional[float] = IDLE_TIMEOUT,
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-    vendor: Optional[dict] = None,
     health_extra: Optional[Callable[[], Awaitable[dict]]] = None,
-    ice_timeout: float = ICE_TIMEOUT,
-    mcp_allow: Iterable[str] = (),
-    tool_timeout: float = 30.0,
-    metrics: Optional[str] = "prometheus",
-    metrics_public: bool = False,
-    metric_tags: Optional[dict] = None,
+    **changes,
 ):
     """The FastAPI app serving ``model`` (``WebSocket /v1/realtime``, ``GET /health``,
-    ``GET /v1/models``, the web page at ``/`` and ``/static/...``).
+    ``GET /v1/models``, ``GET /metrics``, the web page at ``/`` and ``/static/...``) as
+    ``settings`` say (:class:`~.settings.ServerSettings`; default ones), with ``changes``:
+    settings by name (``create_app(model, api_key="k", max_sessions=2)``).
 
-    ``api_key``: required of every WebSocket (``Authorization: Bearer KEY`` or the subprotocol
-    ``openai-insecure-api-key.KEY``) and of ``/v1/models``. ``allow_origins``: browser origins
-    besides the server's own. ``silence_feed``: feed silence at real time while the client's
-    audio is behind. ``max_lag_seconds``: queued audio past this closes the connection (1013).
-    ``commit_seconds`` / ``max_reply_seconds``: the trailing silence a commit feeds when no reply
-    comes / at most. ``chunk_frames``: frames per worker job. ``send_queue_size``: server events
-    waiting for a slow client before it is dropped. ``session_options``: more keyword
-    arguments of ``model.session`` (e.g. ``max_seconds``). ``worker``: the :class:`Worker` thread
-    for the MLX work (default: the process's shared one). ``idle_timeout``: seconds without
-    client audio before the connection is closed (error ``idle_timeout``, close 4408; None: no
-    bound). ``max_prompt_tokens``: the longest prompt (instructions and tools) a session
-    takes, in tokens; longer instructions are refused by their length before any tokenizing.
-    ``vendor``: fields of the vendor object ``x-voicechat`` in ``session.created`` (e.g. which
-    replica serves it). ``health_extra``: an async function whose dict is added to
-    ``/health``'s. ``mcp_allow``: URL prefixes of the MCP servers a client's ``mcp`` tools may
-    name (none by default: no ``mcp`` tool is accepted); ``tool_timeout``: seconds an MCP call
-    (and a server's start) may take. ``metrics``: where the series of :mod:`.metrics` go:
-    ``"prometheus"`` (``GET /metrics``), ``"ray"`` (Ray's metrics; ``/metrics`` answers 404) or
-    None.
-    ``metrics_public``: ``/metrics`` without the key (by default it asks for ``api_key``).
-    ``metric_tags``: with Ray's metrics, tags of every series (e.g. the replica).
-    ``ice_timeout``: seconds a WebRTC call (``POST /v1/realtime/calls``) waits for its
-    connection before it is closed."""
+    ``worker``: the :class:`Worker` thread for the MLX work (default: the process's shared
+    one). ``warmup``: run a few frames before the first client. ``static_dir``: the web page's
+    files. ``health_extra``: an async function whose dict is added to ``/health``'s."""
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
-    server = Server(
-        model,
-        model_id=model_id,
-        api_key=api_key,
-        max_sessions=max_sessions,
-        allow_origins=allow_origins,
-        silence_feed=silence_feed,
-        max_lag_seconds=max_lag_seconds,
-        silence_grace_seconds=silence_grace_seconds,
-        commit_seconds=commit_seconds,
-        max_reply_seconds=max_reply_seconds,
-        chunk_frames=chunk_frames,
-        send_queue_size=send_queue_size,
-        stats_every_frames=stats_every_frames,
-        seed=seed,
-        session_options=session_options,
-        worker=worker,
-        idle_timeout=idle_timeout,
-        max_prompt_tokens=max_prompt_tokens,
-        metrics=metrics,
-        metric_tags=metric_tags,
-    )
-    server.vendor = dict(vendor or {})
-    server.mcp = McpPolicy(tuple(mcp_allow), float(tool_timeout))
+    settings = (settings or ServerSettings()).replace(**changes)
+    server = Server(model, settings, worker)
     static = Path(static_dir) if static_dir is not None else STATIC_DIR
 
     @contextlib.asynccontextmanager
@@ -142,7 +80,8 @@ def create_app(
     app = FastAPI(title="mlx-voicechat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
     app.add_middleware(_PageHeaders)
-    install_webrtc(app, server, ice_timeout)  # /v1/realtime/calls, /v1/realtime/client_secrets
+    # /v1/realtime/calls, /v1/realtime/client_secrets
+    install_webrtc(app, server, settings.ice_timeout or ICE_TIMEOUT)
 
     @app.get("/health")
     async def health():
@@ -181,7 +120,7 @@ def create_app(
                 else "nowhere (prometheus_client is not installed)"
             )
             return PlainTextResponse(f"this server's metrics go to {where}", status_code=404)
-        if not metrics_public and not server.authorized(request.headers, []):
+        if not settings.metrics_public and not server.authorized(request.headers, []):
             return unauthorized()
         body, content_type = server.metrics.exposition()
         return Response(body, media_type=content_type)

@@ -19,16 +19,21 @@ import numpy as np
 from ..errors import VoiceChatError
 from ..runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
-from .mcp_tools import McpRunner
-from .protocol import MODEL_INPUT_RATE, Append, Cancel, Clear, Commit, Realtime, Start, ToolResult
-from .server import (  # noqa: F401  (Server and the constants: re-exported, imported from here)
-    FRAME_SECONDS,
-    KEY_PROTOCOL,
-    MAX_PROMPT_TOKENS,
-    SAMPLES_PER_FRAME,
-    Server,
-)
+from .mcp_runner import McpRunner
+from .protocol import Realtime
+from .server import Server
 from .speech import SpeechEvents
+from .wire import (
+    FRAME_SECONDS,
+    MODEL_INPUT_RATE,
+    SAMPLES_PER_FRAME,
+    Append,
+    Cancel,
+    Clear,
+    Commit,
+    Start,
+    ToolResult,
+)
 
 EXTENSIONS_PARAM = "x-voicechat"  # ?x-voicechat=1: the client wants the x-voicechat.* events
 CLOSE_IDLE = 4408  # an application close code (RFC 6455 4000-4999), as HTTP's 408 timeout
@@ -46,7 +51,7 @@ class Conversation(Channel):
                 server.model_id,
                 max_instructions_chars=server.max_instructions_chars,
                 extensions=wants_extensions(websocket),
-                mcp=getattr(server, "mcp", None),
+                mcp=server.mcp,
             ),
         )
         self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
@@ -250,7 +255,7 @@ class Conversation(Channel):
         the audio (what the model heard before is not in it), and the old one closes."""
         if await self._prompt_too_long(c):
             return
-        self.send(self.protocol.restarted())
+        self.send(self.protocol.responses.restarted())
         old = self.session
 
         def reopen():  # on the worker
@@ -291,7 +296,7 @@ class Conversation(Channel):
             self.send([self.protocol.error("invalid_value", str(e), "item.output")])
             return
         self.server.metrics.tool_call("answered")
-        self.send(self.protocol.tool_injection(c.call_id, frames))
+        self.send(self.protocol.responses.tool_injection(c.call_id, frames))
 
     def _client_audio_waiting(self) -> bool:
         return any(isinstance(c, Append) and not c.silence for c in self.inbox)

@@ -2,26 +2,30 @@
 to send its request headers, the process's open-file limit, and logs that neither flood nor
 carry a secret.
 
-uvicorn bounds idle keep-alive connections (``timeout_keep_alive``) but not a connection that
-never completes its first request, and it accepts connections until the process runs out of
-file descriptors (then asyncio logs every failed ``accept``). :class:`ConnectionGuard` wraps
-uvicorn's HTTP protocol class: at most ``max_connections`` connections are open, a connection
-whose request headers are not all in after ``header_timeout`` seconds is closed, and when the
-bound is reached the oldest connection still sending its headers (else the oldest plain HTTP
-one) makes room, so that a flood of idle sockets cannot keep ``/health`` or a WebSocket
-handshake out. WebSockets are never closed to make room: they are bounded by the sessions.
+Behind a reverse proxy these bounds are the proxy's (connection caps, header timeouts); they
+are here so that a ``serve`` reached directly is not held by idle sockets. uvicorn bounds idle
+keep-alive connections but not one that never completes its first request, and accepts
+connections until the process runs out of file descriptors. :class:`ConnectionGuard` keeps at
+most ``max_connections`` open and closes one whose headers are not in after
+``header_timeout``; at the bound, the oldest connection still sending its headers (else the
+oldest plain HTTP one) makes room, so ``/health`` and a WebSocket handshake still get in.
+WebSockets are never closed to make room: the sessions bound them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import re
 import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not a POSIX system
+    resource = None
 
 HEADERS_END = b"\r\n\r\n"
 FILES_PER_CONNECTION = 2  # its socket and, for a static file being sent, that file
@@ -33,18 +37,11 @@ log = logging.getLogger("mlx_voicechat.serve")
 @dataclass(frozen=True)
 class Limits:
     """The transport's bounds (``serve --max-connections / --header-timeout /
-    --keep-alive-timeout``)."""
+    --keep-alive-timeout``, checked there)."""
 
     max_connections: int = 1000
     header_timeout: float = 10.0  # seconds for a new connection's request headers
     keep_alive_timeout: float = 5.0  # seconds an idle HTTP keep-alive connection stays open
-
-    def __post_init__(self):
-        if isinstance(self.max_connections, bool) or int(self.max_connections) < 1:
-            raise ValueError(f"max_connections must be at least 1, got {self.max_connections!r}")
-        for name in ("header_timeout", "keep_alive_timeout"):
-            if not float(getattr(self, name)) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
 
     @property
     def files_needed(self) -> int:
@@ -77,24 +74,18 @@ class _Every:
 
 class ConnectionGuard:
     """The bound on open connections and on the time to send request headers (see the module
-    docstring). :meth:`protocol` is the HTTP protocol class to hand to uvicorn."""
+    docstring). :attr:`protocol` is the HTTP protocol class to hand to uvicorn: a subclass of
+    uvicorn's own that reports to this guard."""
 
     def __init__(self, limits: Limits):
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
         self.limits = limits
         self._open: dict = {}  # transport -> None, oldest first
         self._waiting: dict = {}  # transport -> timer, while its request headers are not all in
         self.closed_for_room = 0
-        self.timed_out = 0
         self._warn = _Every()
-        self._cls = None
-
-    def protocol(self):
-        """A subclass of uvicorn's own HTTP protocol class that reports to this guard."""
-        if self._cls is None:
-            from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-            self._cls = _guarded(AutoHTTPProtocol, self)
-        return self._cls
+        self.protocol = _guarded(AutoHTTPProtocol, self)
 
     # -- what the protocol reports --
 
@@ -115,7 +106,7 @@ class ConnectionGuard:
             if victim is None:  # every open connection is a WebSocket: the new one goes
                 transport.abort()
                 return
-            self._drop(victim)
+            self.lost(victim)
             victim.abort()
         self._open[transport] = None
         loop = asyncio.get_running_loop()
@@ -129,27 +120,23 @@ class ConnectionGuard:
             timer.cancel()
 
     def lost(self, transport) -> None:
-        self._drop(transport)
-
-    # -- internals --
-
-    def _drop(self, transport) -> None:
         self._open.pop(transport, None)
         self.headers_done(transport)
 
+    # -- internals --
+
     def _expire(self, transport) -> None:
         self._waiting.pop(transport, None)
-        if isinstance(transport.get_protocol(), self.protocol()):  # not a WebSocket by now
-            self.timed_out += 1
+        if isinstance(transport.get_protocol(), self.protocol):  # not a WebSocket by now
             transport.abort()
 
     def _prune(self) -> None:
         """Forget connections that have closed (a WebSocket's end is not reported here)."""
         for t in [t for t in self._open if t.is_closing()]:
-            self._drop(t)
+            self.lost(t)
 
     def _oldest_http(self):
-        cls = self.protocol()
+        cls = self.protocol
         return next(
             (t for t in self._open if isinstance(t.get_protocol(), cls) and not t.is_closing()),
             None,
@@ -185,85 +172,61 @@ def _guarded(base, guard: ConnectionGuard):
 # --- the open-file limit ------------------------------------------------------------------
 
 
-def _resource():
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not a POSIX system
-        return None
-    return resource
-
-
-def _size(v, resource) -> float:
+def _size(v) -> float:
     return float("inf") if v == resource.RLIM_INFINITY else v
 
 
-def _value(v: float, resource) -> int:
+def _value(v: float) -> int:
     return resource.RLIM_INFINITY if v == float("inf") else int(v)
 
 
 def open_file_limits() -> Optional[Tuple[int, int]]:
     """The process's (soft, hard) open-file limits, or None where there are none (Windows)."""
-    resource = _resource()
     return None if resource is None else resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-@contextlib.contextmanager
-def open_file_limits_kept():
-    """While inside, ``resource.setrlimit`` may raise the soft open-file limit but neither
-    lower it nor touch the hard one.
+def import_mlx_lm_keeping_limits() -> None:
+    """Import ``mlx_lm.utils`` (which loading the model does anyway) while ``resource.setrlimit``
+    may raise the soft open-file limit but neither lower it nor touch the hard one.
 
     ``mlx_lm.utils`` sets them to (2048, 4096) at its import ("for large models with lots of
     files"); a process without privileges can never raise a hard limit again, so a server that
     imported it unguarded could not have more than 4096 files open."""
-    resource = _resource()
     if resource is None:  # pragma: no cover - not a POSIX system
-        yield
+        importlib.import_module("mlx_lm.utils")
         return
     real = resource.setrlimit
 
     def setrlimit(which, limits):
         if which == resource.RLIMIT_NOFILE:
             soft, hard = resource.getrlimit(which)
-            wanted = min(_size(limits[0], resource), _size(hard, resource))
-            limits = (_value(max(_size(soft, resource), wanted), resource), hard)
+            limits = (_value(max(_size(soft), min(_size(limits[0]), _size(hard)))), hard)
         return real(which, limits)
 
     resource.setrlimit = setrlimit
     try:
-        yield
+        importlib.import_module("mlx_lm.utils")
     finally:
         resource.setrlimit = real
-
-
-def import_mlx_lm_keeping_limits() -> None:
-    """Import ``mlx_lm.utils`` (which loading the model does anyway) without its lowering of
-    the open-file limits (see :func:`open_file_limits_kept`)."""
-    with open_file_limits_kept():
-        importlib.import_module("mlx_lm.utils")
 
 
 def raise_open_file_limit(saved: Optional[Tuple[int, int]], wanted: int) -> Optional[int]:
     """Put back the open-file limits ``saved`` if something lowered them since, and raise the
     soft limit to ``wanted`` where the hard limit allows; returns the soft limit now in force
     (None: no limit)."""
-    resource = _resource()
     if resource is None:  # pragma: no cover - not a POSIX system
         return None
-
-    def size(v):
-        return _size(v, resource)
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    hard_wanted = saved[1] if saved is not None and size(saved[1]) > size(hard) else hard
-    floor = max(size(soft), size(saved[0]) if saved is not None else 0, wanted)
-    soft_wanted = _value(min(floor, size(hard_wanted)), resource)
+    hard_wanted = saved[1] if saved is not None and _size(saved[1]) > _size(hard) else hard
+    floor = max(_size(soft), _size(saved[0]) if saved is not None else 0, wanted)
+    soft_wanted = _value(min(floor, _size(hard_wanted)))
     if (soft_wanted, hard_wanted) != (soft, hard):
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft_wanted, hard_wanted))
         except (ValueError, OSError):
             # Raising a hard limit needs privileges: go as far as the current one allows.
-            fallback = _value(min(size(soft_wanted), size(hard)), resource)
-            if size(fallback) > size(soft):
+            fallback = _value(min(_size(soft_wanted), _size(hard)))
+            if _size(fallback) > _size(soft):
                 try:
                     resource.setrlimit(resource.RLIMIT_NOFILE, (fallback, hard))
                 except (ValueError, OSError):
@@ -326,6 +289,6 @@ def uvicorn_options(limits: Limits) -> dict:
     with the log filters installed."""
     install_log_filters()
     return {
-        "http": ConnectionGuard(limits).protocol(),
+        "http": ConnectionGuard(limits).protocol,
         "timeout_keep_alive": limits.keep_alive_timeout,
     }

@@ -12,25 +12,19 @@ that needs approval first gets an ``mcp_approval_request`` item; the client's
 ``mcp_approval_response`` item runs it, or tells the model it was refused.
 
 :class:`McpTools` is the protocol's side (pure: events out, jobs handed to ``launch``);
-:class:`McpRunner` is the connection's side: it runs the jobs on a ``runtime.mcp.MCPClient``
-(a thread and event loop of its own, never the MLX worker) and hands the outcomes back.
+:class:`~.mcp_runner.McpRunner` is the connection's side, which runs the jobs.
 Headers a client gives are sent to its MCP server and nowhere else: never logged, never echoed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..runtime.mcp import shown_url
 from ..runtime.tools import MAX_TOOLS
 from .wire import Event, ProtocolError, ToolResult, _new_id
-
-log = logging.getLogger("mlx_voicechat.serve")
 
 DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
 MAX_RESULT_CHARS = 4000  # characters of a result passed to the model
@@ -237,7 +231,7 @@ class McpTools:
     def _list(self, s: _Server) -> None:
         p = self.p
         self._events += [
-            p._add_item(self._list_item(s)),
+            p.responses.record.add(self._list_item(s)),
             p._event("mcp_list_tools.in_progress", item_id=s.item_id),
         ]
         self._run(McpJob("list", s))
@@ -302,11 +296,7 @@ class McpTools:
         return rid, p._event("response.created", response=obj)
 
     def _response(self, rid: str, status: str, output: list) -> dict:
-        saved, self.p.response = self.p.response, {"id": rid}
-        try:
-            return self.p._response_object(status, output)
-        finally:
-            self.p.response = saved
+        return self.p.responses.response_object(status, output, r={"id": rid})
 
     def call(self, call) -> List[Event]:
         """A call the model wrote to an MCP tool: an approval request, or the call run."""
@@ -324,11 +314,11 @@ class McpTools:
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
         self.approvals[item["id"]] = (job, job.call_id)
         ref = dict(response_id=rid, output_index=0, item=item)
-        events = [created, p._event("response.output_item.added", **ref), p._add_item(item),
-                  p._event("response.output_item.done", **ref),
+        events = [created, p._event("response.output_item.added", **ref),
+                  p.responses.record.add(item), p._event("response.output_item.done", **ref),
                   p._event("conversation.item.done", previous_item_id=None, item=item),
                   p._event("response.done", response=self._response(rid, "completed", [item]))]
-        p.responses_done += 1
+        p.responses.responses_done += 1
         return events
 
     def _item(self, job: McpJob, **fields) -> dict:
@@ -347,7 +337,7 @@ class McpTools:
         events = [
             created,
             p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-            p._add_item(item),
+            p.responses.record.add(item),
             p._event("response.mcp_call_arguments.delta", delta=job.arguments, **ref),
             p._event("response.mcp_call_arguments.done", arguments=job.arguments, **ref),
             p._event("response.mcp_call.in_progress", item_id=job.item_id, output_index=0),
@@ -378,7 +368,7 @@ class McpTools:
             p._event("response.done",
                      response=self._response(job.response_id, "completed", [item])),
         ]
-        p.responses_done += 1
+        p.responses.responses_done += 1
         return events, [ToolResult(job.call_id, heard)]
 
     def approval(self, item: dict):
@@ -399,7 +389,7 @@ class McpTools:
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
                 "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
-        events = [p._add_item(done),
+        events = [p.responses.record.add(done),
                   p._event("conversation.item.done", previous_item_id=None, item=done)]
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
@@ -407,66 +397,3 @@ class McpTools:
             return events, [ToolResult(call_id, refused)]
         job.approval_request_id = request
         return events + self._start(job), []
-
-
-class McpRunner:
-    """The connection's side: runs :class:`McpJob` objects on one ``runtime.mcp.MCPClient``
-    (its own thread and event loop) and hands the outcomes to the protocol and the driver."""
-
-    def __init__(self, conversation, policy: McpPolicy):
-        self.c = conversation
-        self.policy = policy
-        self.client = None
-        self.tasks: set = set()
-        conversation.protocol.mcp.launch = self.launch
-
-    def launch(self, job: McpJob) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(job))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def _client(self):
-        if self.client is None:
-            from ..runtime.mcp import MCPClient
-
-            self.client = MCPClient(
-                timeout=self.policy.timeout,
-                max_result_chars=self.policy.max_result_chars,
-                max_response_bytes=self.policy.max_response_bytes,
-                start_timeout=self.policy.timeout,
-            )
-        return self.client
-
-    async def _run(self, job: McpJob) -> None:
-        from ..runtime.mcp import MCPError, ServerSpec
-
-        mcp = self.c.protocol.mcp
-        if job.kind == "list":
-            s = job.server
-            try:
-                spec = ServerSpec(s.label, url=s.url, headers=s.headers)
-                tools = await asyncio.wrap_future(self._client().connect(spec))
-                events, commands = mcp.listed(s.label, tools)
-            except MCPError as e:
-                events, commands = mcp.listed(s.label, None, str(e))
-        else:
-            try:
-                arguments = json.loads(job.arguments or "{}")
-                future = self._client().call(job.server.label, job.tool, arguments)
-                text, error, kind = await asyncio.wrap_future(future)
-            except (ValueError, MCPError) as e:
-                text, error, kind = "", f"the call could not run: {e}", "protocol"
-            events, commands = mcp.finished(job, text, error, kind)
-            log.info("%s: MCP call %s.%s %s", self.c.protocol.session_id, job.server.label,
-                     job.tool, "completed" if error is None else f"failed ({kind})")
-        self.c.send(events)
-        for command in commands:
-            self.c.command(command)
-
-    def close(self) -> None:
-        """Stop the calls in flight and the MCP client (on a thread: it waits for servers)."""
-        for task in list(self.tasks):
-            task.cancel()
-        if self.client is not None:
-            threading.Thread(target=self.client.close, name="mlx-voicechat-mcp-close").start()
-            self.client = None

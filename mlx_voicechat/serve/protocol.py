@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict, deque
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..runtime.request import resolve_system_prompt
-from ..runtime.tools import ToolError, normalize_tools
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
-from .wire import (  # noqa: F401  (re-exported: the transport and the tests import them here)
+from .wire import (
     DEFAULT_RATE,
     INPUT_RATES,
     MAX_EVENT_BYTES,
     MODEL_INPUT_RATE,
-    MODEL_OUTPUT_RATE,
     OUTPUT_RATES,
-    PCM16_SCALE,
-    VOICES,
     Append,
     Cancel,
     Clear,
@@ -41,19 +36,16 @@ from .wire import (  # noqa: F401  (re-exported: the transport and the tests imp
     ProtocolError,
     Resampler,
     Start,
-    ToolResult,
     _new_id,
     decode_pcm16,
-    encode_pcm16,
+    format_rate,
+    modalities_of,
     not_utf8,
+    tools_of,
     utf8,
 )
 
 log = logging.getLogger("mlx_voicechat.serve")
-
-# --- the state machine --------------------------------------------------------------------
-
-
 
 # Client event names this server acts on; other known names are answered as unsupported.
 _UNSUPPORTED = {
@@ -62,8 +54,9 @@ _UNSUPPORTED = {
 NOTE_ROLES = ("system", "developer")  # text messages that join the instructions
 
 
-class Realtime(Responses, EventSource):
-    """One connection's protocol state. Not thread-safe; the transport owns it.
+class Realtime(EventSource):
+    """One connection's protocol state: the session's choices here, its conversation in
+    :attr:`responses` (:class:`~.responses.Responses`). Not thread-safe; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``frames(frame_events)`` -> events."""
 
@@ -82,34 +75,38 @@ class Realtime(Responses, EventSource):
         self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
         self.session_id = _new_id("sess")
-        self.conversation_id = _new_id("conv")
         self.instructions: Optional[str] = None
         self.notes: List[str] = []  # system / developer text messages: they join the instructions
         self.tools: List[dict] = []
         self.opened_with: Optional[tuple] = None  # (prompt, tools) the model's session runs
-        self._calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
         self.voice = voice
         self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
         self.transcription = True
         self.turn_detection: Optional[dict] = None  # None: no speech events (serve/speech.py)
         self.started = False  # the first audio arrived: the session is immutable from here on
-        self.frames_seen = 0
-        self.responses_done = 0
         self._input: Optional[Resampler] = None
-        # the open assistant response
-        self.response: Optional[dict] = None
-        self._output: Optional[Resampler] = None
-        self._last_item: Optional[str] = None
-        self._assistant_items: Dict[str, int] = {}  # item id -> audio ms sent
-        self.items: "OrderedDict[str, dict]" = OrderedDict()  # the conversation, for retrieve
-        self._item_sizes: Dict[str, int] = {}  # item id -> characters of its JSON
-        self._item_chars = 0
-        self._requests: deque = deque()  # the metadata of response.create requests that wait
-        # the open user item (RNNT transcript of the user's words)
-        self._user_item: Optional[str] = None
-        self._user_text: List[str] = []
-        self._user_frames = 0
+        self.responses = Responses(self)
+
+    # -- the conversation (serve/responses.py), as the transport and the tests read it --
+
+    def frames(self, frame_events) -> List[Event]:
+        """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
+        return self.responses.frames(frame_events)
+
+    def commit_done(self) -> List[Event]:
+        return self.responses.commit_done()
+
+    def stats(self, **fields) -> List[Event]:
+        return self.responses.stats(**fields)
+
+    def tool_injection(self, call_id: str, frames: int) -> List[Event]:
+        return self.responses.tool_injection(call_id, frames)
+
+    response = property(lambda self: self.responses.response)
+    responses_done = property(lambda self: self.responses.responses_done)
+    items = property(lambda self: self.responses.record.items)
+    _item_chars = property(lambda self: self.responses.record.chars)
 
     # -- helpers --
 
@@ -249,18 +246,18 @@ class Realtime(Responses, EventSource):
         # cannot grant: it has one voice, which session.updated reports.
         field(
             "input_rate",
-            lambda: _format_rate(
+            lambda: format_rate(
                 a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
             ),
         )
         field(
             "output_rate",
-            lambda: _format_rate(
+            lambda: format_rate(
                 a_out.get("format"), session.get("output_audio_format"), OUTPUT_RATES, "output"
             ),
         )
-        field("modalities", lambda: _modalities(session))
-        field("tools", lambda: _tools_of(self.mcp.take(session)))
+        field("modalities", lambda: modalities_of(session))
+        field("tools", lambda: tools_of(self.mcp.take(session)))
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
             new["transcription"] = t is not None
@@ -328,15 +325,13 @@ class Realtime(Responses, EventSource):
             raise ProtocolError(
                 "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
             )
-        events = []
-        item = self._user_item
-        if item is None:
-            events += self._open_user_item()
-            item = self._user_item
+        c, events = self.responses, []
+        if c.user_item is None:
+            events += c.open_user_item()
+        item = c.user_item
+        previous = c.record.prev(item)
         events.append(
-            self._event(
-                "input_audio_buffer.committed", item_id=item, previous_item_id=self._prev(item)
-            )
+            self._event("input_audio_buffer.committed", item_id=item, previous_item_id=previous)
         )
         return events, [Commit()]
 
@@ -359,14 +354,14 @@ class Realtime(Responses, EventSource):
         if r.get("conversation") == "none":
             # an out-of-band response: nothing in the conversation changes, and this model
             # writes nothing outside its conversation
-            return self._empty_response(metadata), []
-        if len(self._requests) >= MAX_REQUESTS:
+            return self.responses.empty_response(metadata), []
+        if len(self.responses.requests) >= MAX_REQUESTS:
             raise ProtocolError(
                 "conversation_already_has_active_response",
                 f"{MAX_REQUESTS} requested responses already wait for the model",
             )
-        self._requests.append(metadata)
-        return self._next_request(), []
+        self.responses.requests.append(metadata)
+        return self.responses.next_request(), []
 
     def _response_cancel(self, event: dict):
         if self.response is None:
@@ -380,7 +375,7 @@ class Realtime(Responses, EventSource):
                 f"response {wanted!r} is not the response in progress",
                 "response_id",
             )
-        return self._close_response("cancelled"), [Cancel()]
+        return self.responses.close_response("cancelled"), [Cancel()]
 
     def _item_create(self, event: dict):
         item = event.get("item")
@@ -388,13 +383,13 @@ class Realtime(Responses, EventSource):
             raise ProtocolError("invalid_value", "`item` must be an object", "item")
         kind = item.get("type")
         if kind == "function_call_output":
-            return self._tool_output(item)
+            return self.responses.tool_output(item)
         if kind == "mcp_approval_response":
             return self.mcp.approval(item)
         if kind == "message":
             return self._message(item, event.get("previous_item_id"))
         if kind == "function_call":  # a client's record of an earlier call: kept, not run
-            return self._record(item, "function_call"), []
+            return self.responses.record.client_item(item, "function_call"), []
         raise ProtocolError(
             "invalid_value",
             f"item type {kind!r} is not one of message, function_call, function_call_output, "
@@ -427,135 +422,13 @@ class Realtime(Responses, EventSource):
                 self._check_length(len(self.prompt or "") + len(text) + 2, "item.content")
                 self.notes.append(text)
                 commands = self._restart()
-        return self._record(item, "message", role=role, content=content), commands
-
-    def _record(self, item: dict, kind: str, **fields) -> List[Event]:
-        """A client's item into the conversation: ``conversation.item.added`` and ``.done``."""
-        given = item.get("id")
-        item_id = given if isinstance(given, str) and 0 < len(given) <= 64 else _new_id("item")
-        done = {k: v for k, v in item.items() if k not in ("id", "object", "status")}
-        done.update(id=item_id, object="realtime.item", type=kind, status="completed", **fields)
-        return [self._add_item(done), self._item_done(done)]
-
-    def _item_retrieve(self, event: dict):
-        item_id = event.get("item_id")
-        item = self.items.get(item_id) if isinstance(item_id, str) else None
-        if item is None:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
-        return [self._event("conversation.item.retrieved", item=item)], []
-
-    def _item_delete(self, event: dict):
-        """Forget an item (the model heard what it heard: only the record goes; a system or
-        developer message's text stays in the instructions)."""
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str) or item_id not in self.items:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
-        del self.items[item_id]
-        self._item_chars -= self._item_sizes.pop(item_id)
-        return [self._event("conversation.item.deleted", item_id=item_id)], []
+        record = self.responses.record.client_item(item, "message", role=role, content=content)
+        return record, commands
 
     def _output_clear(self, event: dict):
         """WebRTC's playback buffer: over a WebSocket the client plays the audio itself, so
         there is nothing here to clear; acknowledged."""
         return [self._event("output_audio_buffer.cleared", response_id=None)], []
-
-    def _tool_output(self, item: dict):
-        call_id, output = item.get("call_id"), item.get("output")
-        if not isinstance(call_id, str) or call_id not in self._calls:
-            raise ProtocolError(
-                "invalid_value",
-                f"call_id {call_id!r} is not a function call of this session that waits for "
-                "its output",
-                "item.call_id",
-            )
-        if not isinstance(output, str):
-            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
-        del self._calls[call_id]
-        done = {
-            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call_output",
-            "call_id": call_id,
-            "output": output,
-            "status": "completed",
-        }
-        events = [self._add_item(done), self._item_done(done)]
-        return events, [ToolResult(call_id, output)]
-
-    def _item_truncate(self, event: dict):
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str) or item_id not in self._assistant_items:
-            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
-        end_ms = event.get("audio_end_ms")
-        if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
-            raise ProtocolError(
-                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
-            )
-        if end_ms > self._assistant_items[item_id]:
-            raise ProtocolError(
-                "invalid_value",
-                f"audio_end_ms {end_ms} is past the {self._assistant_items[item_id]} ms sent",
-                "audio_end_ms",
-            )
-        # The model already heard itself say it; the client's playback position is recorded only.
-        return [
-            self._event(
-                "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
-            )
-        ], []
-
-def _modalities(session: dict) -> None:
-    modalities = session.get("output_modalities", session.get("modalities"))
-    if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
-        raise ProtocolError(
-            "invalid_value",
-            "this model always answers in audio (with its transcript): output_modalities "
-            'must include "audio"',
-            "session.output_modalities",
-        )
-
-
-def _tools_of(session: dict) -> Optional[List[dict]]:
-    if session.get("tools") is None:
-        return None
-    try:
-        return normalize_tools(session["tools"])
-    except ToolError as e:
-        raise ProtocolError("invalid_value", str(e), "session.tools") from None
-
-
-def _format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
-    """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
-    param = f"session.audio.{which}.format"
-    if ga is not None:
-        if not isinstance(ga, dict):
-            raise ProtocolError("invalid_value", f"`{param}` must be an object", param)
-        kind = ga.get("type", "audio/pcm")
-        if kind != "audio/pcm":
-            raise ProtocolError(
-                "invalid_value", f'audio format {kind!r} is not served; use "audio/pcm"', param
-            )
-        rate = ga.get("rate", DEFAULT_RATE)
-        if rate not in rates or isinstance(rate, bool):
-            raise ProtocolError(
-                "invalid_value",
-                f"{which} rate {rate!r} is not served; use one of {', '.join(map(str, rates))}",
-                param,
-            )
-        return int(rate)
-    if beta is not None:
-        if beta != "pcm16":
-            raise ProtocolError(
-                "invalid_value",
-                f'audio format {beta!r} is not served; use "pcm16"',
-                f"session.{which}_audio_format",
-            )
-        return DEFAULT_RATE
-    return None
 
 
 _HANDLERS = {
@@ -566,8 +439,8 @@ _HANDLERS = {
     "response.create": Realtime._response_create,
     "response.cancel": Realtime._response_cancel,
     "conversation.item.create": Realtime._item_create,
-    "conversation.item.truncate": Realtime._item_truncate,
-    "conversation.item.retrieve": Realtime._item_retrieve,
-    "conversation.item.delete": Realtime._item_delete,
+    "conversation.item.truncate": lambda p, event: p.responses.truncate(event),
+    "conversation.item.retrieve": lambda p, event: p.responses.record.retrieve(event),
+    "conversation.item.delete": lambda p, event: p.responses.record.delete(event),
     "output_audio_buffer.clear": Realtime._output_clear,
 }

@@ -1,48 +1,34 @@
-"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs.
+"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs
+(:func:`.app.create_app` around one model each, with the one :class:`~.settings.ServerSettings`).
 
-Each replica loads one model and serves :func:`.app.create_app` around it (the same routes,
-protocol, auth and Origin rules). Ray routes each connection to one replica for its life,
-restarts replicas that die and, with ``min_replicas`` / ``max_replicas``, autoscales.
+Ray routes each connection to one replica for its life (:class:`~.ray_proxy.SessionRouter`
+picks a full one only when all are full), restarts replicas that die and autoscales between
+``min_replicas`` and ``max_replicas``. ``max_ongoing_requests`` is ``max_sessions`` plus
+:data:`CONTROL_SLOTS`, so a full replica still answers ``server_busy`` and ``/health`` at once.
+A lost replica's sessions get ``replica_lost`` and close 1012 from Ray's proxy
+(:class:`~.ray_proxy.ReplicaLossMiddleware`); one whose model failed to load says so in
+``/health`` (503) and answers ``model_unavailable``. ``/health`` adds this replica and the
+deployment's sessions and capacity, from the reports every replica sends to a
+:class:`SessionBoard`; the series of :mod:`.metrics` go to Ray's metrics, tagged ``replica``.
+Stopping (:func:`stop_sessions`, or Ray's drain) tells each conversation
+``server_shutting_down`` and close 1012 first.
 
-- **Full means busy.** A replica takes ``max_sessions`` sessions; Ray's
-  ``max_ongoing_requests`` is that plus :data:`CONTROL_SLOTS`, so a connection to a full
-  replica still reaches the app and hears ``server_busy`` (close 1013) at once instead of
-  waiting in Ray's queue, and ``/health`` is answered while every session is in use.
-  :class:`~.ray_proxy.SessionRouter` sends a connection to a full replica only when every
-  replica is full.
-- **Failure.** A replica that dies takes only its own sessions: Ray's proxy closes them with an
-  ``error`` event ``replica_lost`` and close 1012 (:class:`~.ray_proxy.ReplicaLossMiddleware`,
-  installed by :func:`start_serve`). A replica whose model fails to load stays up, says so in
-  ``/health`` (503) and takes no sessions (the router ranks it last; a connection that reaches
-  it anyway gets ``model_unavailable`` and close 1011).
-- **Health.** ``/health`` through Ray adds ``replica`` (the one answering) and ``deployment``:
-  replicas live, sessions in use and capacity, from the reports every replica sends to a
-  deployment-scoped actor (:class:`SessionBoard`) whenever their sessions change.
-- ``session.created`` names its replica in the vendor field ``x-voicechat``.
-- **Metrics.** Each replica records the series of :mod:`.metrics` through Ray's own metrics
-  (``ray.util.metrics``, tagged ``replica``): Ray's Prometheus export carries them (the
-  replica's ``/metrics`` answers 404 and says so).
-- **Stopping.** ``serve --ray`` first marks the deployment stopping on the board
-  (:func:`stop_sessions`): each replica, at its next report (within a second), tells its
-  conversations (``server_shutting_down``, close 1012) and takes no more, so Ray's drain finds
-  none left. A replica Ray stops otherwise does the same when its drain ends, and ends its
-  worker.
-
-Config files (``serve run`` / ``serve deploy``) use the import path
-``mlx_voicechat.serve.ray_app:app_builder`` with the arguments of :func:`app_builder`.
+Config files (``serve run`` / ``serve deploy``) use ``mlx_voicechat.serve.ray_app:app_builder``.
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 import ray
 from ray import serve
 from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
 
 from .ray_proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from .settings import ServerSettings, model_id_of
 
 APP_NAME = "mlx-voicechat"
 BOARD = "sessions"
@@ -101,22 +87,16 @@ def _load(model: str, tokenizer: Optional[str]):
 class VoiceChatReplica:
     """One replica: one model and the Realtime app of ``serve`` around it."""
 
-    async def __init__(
-        self,
-        model: str,
-        *,
-        max_sessions: int = 1,
-        tokenizer: Optional[str] = None,
-        model_id: Optional[str] = None,
-        app_options: Optional[dict] = None,
-    ):
+    async def __init__(self, model: str, settings: ServerSettings, tokenizer: Optional[str] = None):
         from .worker import Worker
 
         self.name = serve.get_replica_context().replica_id.unique_id
         self.node = ray.util.get_node_ip_address()
-        self.max_sessions = int(max_sessions)
-        self.model_id = model_id or default_model_id(model)
-        self.app_options = dict(app_options or {})
+        self.settings = settings.replace(
+            vendor={"replica": self.name, "node": self.node},
+            metrics="ray",
+            metric_tags={"replica": self.name},
+        )
         self.server = None
         self.error: Optional[str] = None
         try:
@@ -131,16 +111,7 @@ class VoiceChatReplica:
             return self._unavailable_app()
         from .app import create_app
 
-        app = create_app(
-            self.model,
-            max_sessions=self.max_sessions,
-            model_id=self.model_id,
-            vendor={"replica": self.name, "node": self.node},
-            health_extra=self.deployment_health,
-            metrics="ray",
-            metric_tags={"replica": self.name},
-            **self.app_options,
-        )
+        app = create_app(self.model, self.settings, health_extra=self.deployment_health)
         self.server = app.state.server
         return app
 
@@ -156,7 +127,7 @@ class VoiceChatReplica:
             "pid": os.getpid(),
             "status": status,
             "sessions": server.active if server is not None else 0,
-            "max_sessions": self.max_sessions,
+            "max_sessions": self.settings.max_sessions,
             "sessions_served": server.sessions_served if server is not None else 0,
         }
         if self.error:
@@ -234,14 +205,14 @@ class VoiceChatReplica:
 
         @app.get("/health")
         async def health():
-            body = {"status": "error", "model": self.model_id, "error": self.error}
+            body = {"status": "error", "model": self.settings.model_id, "error": self.error}
             body.update(await self.deployment_health())
             return JSONResponse(body, status_code=503)
 
         @app.websocket("/v1/realtime")
         async def realtime(websocket: WebSocket):
             await websocket.accept()
-            event = Realtime(self.model_id).error(
+            event = Realtime(self.settings.model_id).error(
                 "model_unavailable",
                 "the model failed to load on this replica (see /health); try again later",
                 type_="server_error",
@@ -255,11 +226,6 @@ class VoiceChatReplica:
             return PlainTextResponse(self.error, status_code=503)
 
         return app
-
-
-def default_model_id(model: str) -> str:
-    """The id ``serve`` gives a model: its folder's name, or the hub id."""
-    return os.path.basename(os.path.normpath(str(model))) or str(model)
 
 
 def deployment_options(
@@ -318,51 +284,43 @@ def deployment_options(
 
 def realtime_app(
     model: str,
+    settings: Optional[ServerSettings] = None,
     *,
-    max_sessions: int = 1,
     replicas: Optional[int] = None,
     min_replicas: Optional[int] = None,
     max_replicas: Optional[int] = None,
     ray_actor_options: Optional[dict] = None,
     tokenizer: Optional[str] = None,
-    model_id: Optional[str] = None,
-    api_key: Optional[str] = None,
-    allow_origins: Iterable[str] = (),
-    **app_options,
+    **changes,
 ):
     """The Ray Serve application (``serve.run(realtime_app(...))``): replicas of the app
-    ``serve`` runs around ``model``; ``app_options`` are more keyword arguments of
-    :func:`.app.create_app` (``silence_feed``, ``max_lag_seconds``, ``seed``, ...)."""
+    ``serve`` runs around ``model``, each with ``settings`` (:class:`~.settings.ServerSettings`,
+    default ones, its ``model_id`` the model's name) and ``changes`` (settings by name:
+    ``max_sessions``, ``silence_feed``, ...)."""
+    if changes.get("model_id") is None:
+        changes.pop("model_id", None)
+    settings = (settings or ServerSettings(model_id=model_id_of(model))).replace(**changes)
     options = deployment_options(
-        max_sessions=max_sessions,
+        max_sessions=settings.max_sessions,
         replicas=replicas,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         ray_actor_options=ray_actor_options,
     )
-    app_options.update(api_key=api_key or None, allow_origins=list(allow_origins))
-    return VoiceChatReplica.options(**options).bind(
-        str(model),
-        max_sessions=max_sessions,
-        tokenizer=tokenizer,
-        model_id=model_id,
-        app_options=app_options,
-    )
+    return VoiceChatReplica.options(**options).bind(str(model), settings, tokenizer)
 
 
-_BUILDER_ARGS = {
-    "model", "tokenizer", "model_id", "max_sessions", "replicas", "min_replicas", "max_replicas",
-    "api_key", "allow_origins", "silence_feed", "max_lag_seconds", "seed", "ray_actor_options",
-}  # fmt: skip
+_BUILDER_ARGS = {"model", "tokenizer", "replicas", "min_replicas", "max_replicas"}
+_BUILDER_ARGS |= {"ray_actor_options"} | {f.name for f in dataclasses.fields(ServerSettings)}
 
 
 def app_builder(args: dict):
     """``serve run`` / ``serve deploy`` entry point (``import_path:
     mlx_voicechat.serve.ray_app:app_builder``). ``args``: ``model`` (required), ``tokenizer``,
-    ``model_id``, ``max_sessions``, ``replicas`` or ``min_replicas`` / ``max_replicas``,
-    ``api_key`` (default: ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g.
-    from its ``runtime_env.env_vars``), ``allow_origins``, ``silence_feed``,
-    ``max_lag_seconds``, ``seed``, ``ray_actor_options``."""
+    ``replicas`` or ``min_replicas`` / ``max_replicas``, ``ray_actor_options`` and any field of
+    :class:`~.settings.ServerSettings` (``max_sessions``, ``allow_origins``, ...; ``api_key``
+    by default ``$MLX_VOICECHAT_API_KEY`` where Ray builds the application, e.g. from its
+    ``runtime_env.env_vars``)."""
     args = dict(args or {})
     unknown = sorted(set(args) - _BUILDER_ARGS)
     if unknown:

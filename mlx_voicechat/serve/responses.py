@@ -4,74 +4,73 @@ audio and transcript deltas, and the function calls the model writes."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, List, Optional, Sequence
+from collections import deque
+from typing import Any, Dict, List, Optional, Sequence
 
-from .wire import MODEL_OUTPUT_RATE, Event, Resampler, _new_id, encode_pcm16
+from .items import ItemRecord
+from .wire import (
+    FRAME_SECONDS,
+    MODEL_OUTPUT_RATE,
+    Event,
+    ProtocolError,
+    Resampler,
+    ToolResult,
+    _new_id,
+    encode_pcm16,
+)
 
-MAX_ITEMS = 256  # conversation items kept for conversation.item.retrieve (the oldest go first)
-MAX_ITEM_CHARS = 4 << 20  # ... and at most this much of their JSON, all together
 MAX_REQUESTS = 16  # response.create requests that may wait for the model at once
 REQUEST_WAIT_FRAMES = 25  # a requested response the model leaves unused completes empty (2 s)
 
 
 class Responses:
-    """The frame-driven half of :class:`.protocol.Realtime` (a mixin: it uses the state that
-    ``Realtime`` defines and the ``_event`` / ``error`` helpers of :class:`.wire.EventSource`)."""
+    """One connection's conversation, owned by its :class:`.protocol.Realtime` (``session``):
+    its items (:class:`~.items.ItemRecord`), the user's item, the assistant's responses and the
+    function calls that wait for their output. It makes its events with the session's
+    ``_event`` / ``error`` (:class:`.wire.EventSource`) and reads the session's choices
+    (``transcription``, ``output_rate``, ``voice``, ``extensions``) and MCP tools (``mcp``)."""
+
+    def __init__(self, session):
+        self.s = session
+        self._event, self.error = session._event, session.error
+        self.conversation_id = _new_id("conv")
+        self.frames_seen = 0
+        self.responses_done = 0
+        self.calls: Dict[str, dict] = {}  # call_id -> function_call item, until answered
+        self.record = ItemRecord(session)  # the items, for conversation.item.retrieve
+        self.requests: deque = deque()  # the metadata of response.create requests that wait
+        # the open assistant response
+        self.response: Optional[dict] = None
+        self._output: Optional[Resampler] = None
+        self.assistant_items: Dict[str, int] = {}  # item id -> audio ms sent
+        # the open user item (RNNT transcript of the user's words)
+        self.user_item: Optional[str] = None
+        self._user_text: List[str] = []
+        self._user_frames = 0
 
     # -- items --
 
-    def _prev(self, item_id: str) -> Optional[str]:
-        return None if self._last_item == item_id else self._last_item
-
-    def _add_item(self, item: dict) -> Event:
-        event = self._event("conversation.item.added", previous_item_id=self._last_item, item=item)
-        self._last_item = item["id"]
-        self._keep(item)
-        return event
-
-    def _item_done(self, item: dict) -> Event:
-        self._keep(item)
-        return self._event("conversation.item.done", previous_item_id=None, item=item)
-
-    def _keep(self, item: dict) -> None:
-        """Track the item's latest state for ``conversation.item.retrieve`` (the last
-        :data:`MAX_ITEMS`, at most :data:`MAX_ITEM_CHARS` of JSON: a client's items are kept as
-        sent, so their size is bounded here)."""
-        old = self.items.pop(item["id"], None)
-        if old is not None:
-            self._item_chars -= self._item_sizes.pop(item["id"])
-        size = len(json.dumps(item, ensure_ascii=False))
-        self.items[item["id"]] = item
-        self._item_sizes[item["id"]] = size
-        self._item_chars += size
-        while len(self.items) > MAX_ITEMS or (
-            self._item_chars > MAX_ITEM_CHARS and len(self.items) > 1
-        ):
-            gone, _ = self.items.popitem(last=False)
-            self._item_chars -= self._item_sizes.pop(gone)
-
-    def _open_user_item(self) -> List[Event]:
-        self._user_item = _new_id("item")
+    def open_user_item(self) -> List[Event]:
+        self.user_item = _new_id("item")
         self._user_text = []
         self._user_frames = 0
         item = {
-            "id": self._user_item,
+            "id": self.user_item,
             "object": "realtime.item",
             "type": "message",
             "role": "user",
             "status": "in_progress",
             "content": [{"type": "input_audio", "transcript": None}],
         }
-        return [self._add_item(item)]
+        return [self.record.add(item)]
 
     def close_user_item(self) -> List[Event]:
         """Complete the user's item (a turn of the model, or the end of a commit's trailing
         silence): its transcript so far becomes final."""
-        if self._user_item is None:
+        if self.user_item is None:
             return []
-        item_id, text = self._user_item, "".join(self._user_text)
-        self._user_item = None
+        item_id, text = self.user_item, "".join(self._user_text)
+        self.user_item = None
         item = {
             "id": item_id,
             "object": "realtime.item",
@@ -80,19 +79,11 @@ class Responses:
             "status": "completed",
             "content": [{"type": "input_audio", "transcript": text}],
         }
-        seconds = round(self._user_frames * 0.08, 2)
+        seconds = round(self._user_frames * FRAME_SECONDS, 2)
         events = []
-        if self.transcription:
-            events.append(
-                self._event(
-                    "conversation.item.input_audio_transcription.completed",
-                    item_id=item_id,
-                    content_index=0,
-                    transcript=text,
-                    usage={"type": "duration", "seconds": seconds},
-                )
-            )
-        events.append(self._item_done(item))
+        if self.s.transcription:
+            events.append(self.s.transcript_completed(item_id, text, seconds))
+        events.append(self.record.done(item))
         return events
 
     # -- the model's frames --
@@ -102,23 +93,16 @@ class Responses:
         out: List[Event] = []
         for f in frame_events:
             self.frames_seen += 1
-            if self._user_item is not None:
+            if self.user_item is not None:
                 self._user_frames += 1
-            if f.transcript and self.transcription:
-                if self._user_item is None:
-                    out += self._open_user_item()
+            if f.transcript and self.s.transcription:
+                if self.user_item is None:
+                    out += self.open_user_item()
                 self._user_text.append(f.transcript)
-                out.append(
-                    self._event(
-                        "conversation.item.input_audio_transcription.delta",
-                        item_id=self._user_item,
-                        content_index=0,
-                        delta=f.transcript,
-                    )
-                )
+                out.append(self.s.transcript_delta(self.user_item, f.transcript))
             if f.turn == "start":
                 if self._speaking:  # a start without an end: close the old one
-                    out += self._close_response("completed")
+                    out += self.close_response("completed")
                 out += self.close_user_item()
                 out += self._open_response()
             if self._speaking:
@@ -128,11 +112,11 @@ class Responses:
             for message in getattr(f, "errors", ()):
                 out.append(self.error("tool_call_invalid", message, type_="server_error"))
             if self._speaking and f.turn == "end":
-                out += self._close_response("completed")
+                out += self.close_response("completed")
             elif self.response is not None and not self._speaking:
                 self.response["waited"] += 1
                 if self.response["waited"] >= REQUEST_WAIT_FRAMES:  # the model stayed quiet
-                    out += self._close_response("completed")
+                    out += self.close_response("completed")
         return out
 
     @property
@@ -151,27 +135,27 @@ class Responses:
             "waited": 0,
         }
 
-    def _next_request(self) -> List[Event]:
+    def next_request(self) -> List[Event]:
         """Open the oldest waiting ``response.create`` request once no response is open."""
-        if self.response is not None or not self._requests:
+        if self.response is not None or not self.requests:
             return []
-        self.response = self._new_response(self._requests.popleft())
-        return [self._event("response.created", response=self._response_object("in_progress", []))]
+        self.response = self._new_response(self.requests.popleft())
+        return [self._event("response.created", response=self.response_object("in_progress", []))]
 
-    def _empty_response(self, metadata) -> List[Event]:
+    def empty_response(self, metadata) -> List[Event]:
         """An out-of-band request (``conversation: "none"``): created and done, empty."""
         r = self._new_response(metadata)
         return [
-            self._event("response.created", response=self._response_object("in_progress", [], r=r)),
-            self._event("response.done", response=self._response_object("completed", [], r=r)),
+            self._event("response.created", response=self.response_object("in_progress", [], r=r)),
+            self._event("response.done", response=self.response_object("completed", [], r=r)),
         ]
 
     def _tool_call(self, call) -> List[Event]:
         """A call the model wrote on its function channel: a function_call item in the open
         response, or, when the model is not speaking, in a response of its own (a requested
         one that waits, or a new one) that completes with it."""
-        if self.mcp.owns(call.name):  # an MCP server's tool: serve runs it (mcp_tools.py)
-            return self.mcp.call(call)
+        if self.s.mcp.owns(call.name):  # an MCP server's tool: serve runs it (mcp_tools.py)
+            return self.s.mcp.call(call)
         own = not self._speaking
         out: List[Event] = self._ensure_response()
         r = self.response
@@ -194,7 +178,7 @@ class Responses:
             self._event(
                 "response.output_item.added", response_id=r["id"], output_index=index, item=item
             ),
-            self._add_item(item),
+            self.record.add(item),
             self._event("response.function_call_arguments.delta", delta=call.arguments, **ref),
             self._event(
                 "response.function_call_arguments.done",
@@ -205,12 +189,12 @@ class Responses:
             self._event(
                 "response.output_item.done", response_id=r["id"], output_index=index, item=done
             ),
-            self._item_done(done),
+            self.record.done(done),
         ]
         calls.append(done)
-        self._calls[call.call_id] = done
+        self.calls[call.call_id] = done
         if own:
-            out += self._close_response("completed")
+            out += self.close_response("completed")
         return out
 
     def _ensure_response(self) -> List[Event]:
@@ -218,7 +202,7 @@ class Responses:
         if self.response is not None:
             return []
         self.response = self._new_response()
-        return [self._event("response.created", response=self._response_object("in_progress", []))]
+        return [self._event("response.created", response=self.response_object("in_progress", []))]
 
     def _open_response(self) -> List[Event]:
         """The model starts a turn: its spoken item, in the requested response that waits for
@@ -226,7 +210,7 @@ class Responses:
         out: List[Event] = self._ensure_response()
         r = self.response
         r["item_id"] = item_id = _new_id("item")
-        self._output = Resampler(MODEL_OUTPUT_RATE, self.output_rate)
+        self._output = Resampler(MODEL_OUTPUT_RATE, self.s.output_rate)
         item = {
             "id": item_id,
             "object": "realtime.item",
@@ -235,13 +219,13 @@ class Responses:
             "status": "in_progress",
             "content": [],
         }
-        self._assistant_items[item_id] = 0
+        self.assistant_items[item_id] = 0
         ref = dict(response_id=r["id"], item_id=item_id, output_index=0, content_index=0)
         return out + [
             self._event(
                 "response.output_item.added", response_id=r["id"], output_index=0, item=item
             ),
-            self._add_item(item),
+            self.record.add(item),
             self._event(
                 "response.content_part.added", part={"type": "audio", "transcript": ""}, **ref
             ),
@@ -256,7 +240,7 @@ class Responses:
         out = []
         audio = self._output(f.audio, last=f.turn == "end")
         r["samples"] += audio.size
-        self._assistant_items[r["item_id"]] = -(-r["samples"] * 1000 // self.output_rate)  # ceil
+        self.assistant_items[r["item_id"]] = -(-r["samples"] * 1000 // self.s.output_rate)  # ceil
         out.append(
             self._event("response.output_audio.delta", delta=encode_pcm16(audio), **self._ref())
         )
@@ -267,7 +251,7 @@ class Responses:
             )
         return out
 
-    def _response_object(
+    def response_object(
         self, status: str, output: list, details: Optional[dict] = None, r: Optional[dict] = None
     ) -> dict:
         r = self.response if r is None else r
@@ -281,8 +265,8 @@ class Responses:
             "output_modalities": ["audio"],
             "audio": {
                 "output": {
-                    "format": {"type": "audio/pcm", "rate": self.output_rate},
-                    "voice": self.voice,
+                    "format": {"type": "audio/pcm", "rate": self.s.output_rate},
+                    "voice": self.s.voice,
                 }
             },
             "max_output_tokens": "inf",
@@ -290,7 +274,7 @@ class Responses:
             "usage": None,
         }
 
-    def _close_response(self, status: str) -> List[Event]:
+    def close_response(self, status: str) -> List[Event]:
         """``response.done`` (after the spoken item's done events, if the model spoke), then
         the next requested response, if one waits."""
         r = self.response
@@ -322,15 +306,15 @@ class Responses:
                 self._event(
                     "response.output_item.done", response_id=r["id"], output_index=0, item=item
                 ),
-                self._item_done(item),
+                self.record.done(item),
             ]
         events.append(
-            self._event("response.done", response=self._response_object(status, output, details))
+            self._event("response.done", response=self.response_object(status, output, details))
         )
         self.response = None
         self._output = None
         self.responses_done += 1
-        return events + self._next_request()
+        return events + self.next_request()
 
     def restarted(self) -> List[Event]:
         """The model's session was restarted with a new prompt: the response it was speaking
@@ -338,9 +322,57 @@ class Responses:
         are void (the new session never made them)."""
         out = self.close_user_item()
         if self._speaking:
-            out += self._close_response("incomplete")
-        self._calls.clear()
+            out += self.close_response("incomplete")
+        self.calls.clear()
         return out
+
+    def tool_output(self, item: dict):
+        """A client's ``function_call_output`` for a call that waits for it."""
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or call_id not in self.calls:
+            raise ProtocolError(
+                "invalid_value",
+                f"call_id {call_id!r} is not a function call of this session that waits for "
+                "its output",
+                "item.call_id",
+            )
+        if not isinstance(output, str):
+            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
+        del self.calls[call_id]
+        done = {
+            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+        events = [self.record.add(done), self.record.done(done)]
+        return events, [ToolResult(call_id, output)]
+
+    def truncate(self, event: dict):
+        """``conversation.item.truncate``: the model already heard itself say it; the client's
+        playback position is recorded only."""
+        item_id = event.get("item_id")
+        sent = self.assistant_items
+        if not isinstance(item_id, str) or item_id not in sent:
+            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
+        end_ms = event.get("audio_end_ms")
+        if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
+            raise ProtocolError(
+                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
+            )
+        if end_ms > sent[item_id]:
+            raise ProtocolError(
+                "invalid_value",
+                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
+                "audio_end_ms",
+            )
+        return [
+            self._event(
+                "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms
+            )
+        ], []
 
     # -- transport notices --
 
@@ -352,13 +384,13 @@ class Responses:
         """A vendor event: the result of ``call_id`` is being fed to the model, one token per
         frame, for ``frames`` frames (nothing is spoken meanwhile). Only for a client that
         asked for ``x-voicechat`` events."""
-        if not self.extensions:
+        if not self.s.extensions:
             return []
         return [self._event("x-voicechat.tool_result.queued", call_id=call_id, frames=frames)]
 
     def stats(self, **fields) -> List[Event]:
         """A vendor event with the transport's figures (lag, frames, real-time factor). Only
         for a client that asked for ``x-voicechat`` events."""
-        if not self.extensions:
+        if not self.s.extensions:
             return []
         return [self._event("x-voicechat.stats", frames=self.frames_seen, **fields)]

@@ -7,81 +7,53 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from typing import Iterable, List, Optional, Set
+from typing import List, Optional, Set
 
 from ..runtime.request import prompt_ids, resolve_system_prompt
 from ..runtime.tools import render_system_prompt
+from .mcp_tools import McpPolicy
 from .metrics import Metrics
+from .settings import ServerSettings
 from .stepper import Stepper
-from .wire import MODEL_INPUT_RATE
+from .wire import FRAME_SECONDS, SAMPLES_PER_FRAME
 from .worker import Worker
 
-SAMPLES_PER_FRAME = 1280  # 80 ms at 16 kHz, the session's input frame
-FRAME_SECONDS = SAMPLES_PER_FRAME / MODEL_INPUT_RATE
 KEY_PROTOCOL = "openai-insecure-api-key."
-MAX_PROMPT_TOKENS = 4096  # default bound of a session's prompt (instructions and tools), tokens
 CLOSE_RESTART = 1012  # "service restart": the server shuts down, the client may reconnect
 SHUTDOWN_CODE = "server_shutting_down"  # the error event every live conversation gets then
 
 
 class Server:
-    """What the connections share: the model, the worker, the session slots, the settings."""
+    """What the connections share: the model, the worker, the session slots, the settings
+    (:class:`~.settings.ServerSettings`, whose fields read as the server's own:
+    ``server.max_sessions``)."""
 
-    def __init__(
-        self,
-        model,
-        *,
-        model_id: str,
-        api_key: Optional[str],
-        max_sessions: int,
-        allow_origins: Iterable[str],
-        silence_feed: bool,
-        max_lag_seconds: float,
-        silence_grace_seconds: float,
-        commit_seconds: float,
-        max_reply_seconds: float,
-        chunk_frames: int,
-        send_queue_size: int,
-        stats_every_frames: int,
-        seed: int,
-        session_options: Optional[dict],
-        worker: Optional[Worker] = None,
-        idle_timeout: Optional[float] = None,
-        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-        metrics: Optional[str] = "prometheus",
-        metric_tags: Optional[dict] = None,
-    ):
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+    def __init__(self, model, settings: ServerSettings, worker: Optional[Worker] = None):
         self.model = model
-        self.model_id = model_id
-        self.api_key = api_key or None
-        self.max_sessions = int(max_sessions)
-        self.allow_origins = {o.rstrip("/") for o in allow_origins}
-        self.silence_feed = silence_feed
-        self.max_lag_seconds = float(max_lag_seconds)
-        self.silence_grace_seconds = float(silence_grace_seconds)
-        self.commit_frames = max(1, round(commit_seconds / FRAME_SECONDS))
-        self.max_reply_frames = max(1, round(max_reply_seconds / FRAME_SECONDS))
-        self.chunk_samples = max(1, int(chunk_frames)) * SAMPLES_PER_FRAME
-        self.send_queue_size = int(send_queue_size)
-        self.stats_every_frames = int(stats_every_frames)
-        self.seed = int(seed)
-        self.session_options = dict(session_options or {})
+        self.settings = settings
+        self.commit_frames = max(1, round(settings.commit_seconds / FRAME_SECONDS))
+        self.max_reply_frames = max(1, round(settings.max_reply_seconds / FRAME_SECONDS))
+        self.chunk_samples = max(1, int(settings.chunk_frames)) * SAMPLES_PER_FRAME
         self.worker = Worker.shared() if worker is None else worker
-        self.stepper = Stepper(model, self.worker, self.max_sessions)
-        self.metrics = Metrics(metrics, live=lambda: self.active, tags=metric_tags)
+        self.stepper = Stepper(model, self.worker, settings.max_sessions)
+        self.metrics = Metrics(
+            settings.metrics, live=lambda: self.active, tags=settings.metric_tags
+        )
         self.stepper.on_step = self.metrics.step
-        self.idle_timeout = float(idle_timeout) if idle_timeout else None
+        self.mcp = McpPolicy(settings.mcp_allow, float(settings.tool_timeout))
         self.max_prompt_tokens, self.max_instructions_chars = prompt_bounds(
-            model, max_prompt_tokens
+            model, settings.max_prompt_tokens
         )
         self.active = 0
         self.ready = False
         self.sessions_served = 0
-        self.vendor: dict = {}  # the x-voicechat fields of session.created (a Ray replica's name)
         self.channels: set = set()  # the live connections (Channel objects)
         self.shutting_down = False
+
+    def __getattr__(self, name: str):
+        if name == "settings":  # (not set yet)
+            raise AttributeError(name)
+        return getattr(self.settings, name)
 
     # -- shutdown --
 
@@ -117,10 +89,10 @@ class Server:
         return session
 
     def _open(self, instructions: Optional[str], tools=()):
-        options = dict(self.session_options)
+        options = dict(self.settings.session_options)
         if tools:
             options["tools"] = list(tools)
-        return self.stepper.open(instructions, seed=self.seed, **options)
+        return self.stepper.open(instructions, seed=self.settings.seed, **options)
 
     def prompt_tokens(self, instructions: Optional[str], tools=()) -> int:
         """The prompt's length in tokens (the tokenizer only: any thread but the worker's)."""
@@ -190,9 +162,7 @@ def prompt_bounds(model, max_prompt_tokens: int):
     """(tokens, characters) a session's prompt may have: at most ``max_prompt_tokens`` and the
     LLM's context less one frame; in characters, that many of the vocabulary's longest token,
     so that a longer prompt is refused before anything tokenizes it."""
-    tokens = int(max_prompt_tokens)
-    if tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+    tokens = int(max_prompt_tokens)  # (at least 1: ServerSettings checks it)
     config = getattr(model, "config", None)
     context = getattr(getattr(config, "text_args", None), "max_position_embeddings", None)
     if isinstance(context, int):

@@ -235,29 +235,15 @@ class TranscriptionRealtime(EventSource):
         for e in events:
             if e.text and self.item is not None:
                 self.text += e.text
-                out.append(
-                    self._event(
-                        "conversation.item.input_audio_transcription.delta",
-                        item_id=self.item,
-                        content_index=0,
-                        delta=e.text,
-                    )
-                )
+                out.append(self.transcript_delta(self.item, e.text))
         return out
 
     def completed(self, events, seconds: float, language: Optional[str]) -> List[Event]:
         """The committed item's last deltas and its ``completed`` event; the next audio opens
         a new item."""
         out = self.transcript(events)
-        fields = dict(
-            item_id=self.item,
-            content_index=0,
-            transcript=self.text,
-            usage={"type": "duration", "seconds": round(seconds, 3)},
-        )
-        if language:
-            fields["languages"] = [{"code": language}]
-        out.append(self._event("conversation.item.input_audio_transcription.completed", **fields))
+        more = {"languages": [{"code": language}]} if language else {}
+        out.append(self.transcript_completed(self.item, self.text, round(seconds, 3), **more))
         self.previous, self.item, self.text = self.item, None, ""
         self.items_done += 1
         return out

@@ -33,9 +33,10 @@ import numpy as np
 
 from .channel import log
 from .connection import Conversation
-from .protocol import MODEL_INPUT_RATE, Append, Cancel, Realtime, Resampler, Start
+from .protocol import Realtime
 from .secrets import ClientSecrets, SecretRefused, bearer_secret, refusal, ttl_of
 from .transcription_connection import is_recognizer
+from .wire import MODEL_INPUT_RATE, Append, Cancel, Resampler, Start
 
 WIRE_RATE = 48000  # Hz, Opus's clock on the wire
 PACKET_SAMPLES = 960  # 20 ms at 48 kHz, what the outgoing track sends per frame
@@ -261,7 +262,7 @@ class RtcConversation(Conversation):
 
     def _speak(self, e: dict) -> list:
         """The delta's audio onto the track; the events that go in its place, in order."""
-        from .protocol import decode_pcm16
+        from .wire import decode_pcm16
 
         out = []
         rate = self.protocol.output_rate

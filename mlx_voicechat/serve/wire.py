@@ -10,12 +10,19 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-MODEL_INPUT_RATE = 16000  # Hz, what the session listens at
-MODEL_OUTPUT_RATE = 22050  # Hz, what the session speaks at
+from ..config.voicechat import VoiceChatConfig
+from ..nets.mel import Resampler  # noqa: F401  (re-exported: the edges resample with it)
+from ..runtime.tools import ToolError, normalize_tools
+
+# The session's rates and frame, as the model's config defines them
+MODEL_INPUT_RATE = VoiceChatConfig.input_sample_rate  # Hz, what the session listens at
+MODEL_OUTPUT_RATE = VoiceChatConfig.output_sample_rate  # Hz, what the session speaks at
+FRAME_SECONDS = VoiceChatConfig.frame_duration
+SAMPLES_PER_FRAME = round(FRAME_SECONDS * MODEL_INPUT_RATE)  # the session's input frame
 DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
 INPUT_RATES = (24000, 16000)
 OUTPUT_RATES = (24000, 22050)
@@ -87,24 +94,6 @@ class ProtocolError(Exception):
 # --- audio at the edges -------------------------------------------------------------------
 
 
-class Resampler:
-    """Stateful mono float32 resampling; ``rate_in == rate_out`` passes samples through."""
-
-    def __init__(self, rate_in: int, rate_out: int):
-        self.rate_in, self.rate_out = int(rate_in), int(rate_out)
-        self._stream = None
-        if self.rate_in != self.rate_out:
-            import soxr
-
-            self._stream = soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32")
-
-    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.float32)
-        if self._stream is None:
-            return samples
-        return self._stream.resample_chunk(samples, last=last)
-
-
 def decode_pcm16(audio: Any) -> np.ndarray:
     """Base64 PCM16 LE mono -> float32 in [-1, 1)."""
     if not isinstance(audio, str):
@@ -138,6 +127,58 @@ def encode_pcm16(samples: np.ndarray) -> str:
         raise ValueError(f"audio to encode as PCM16 has {bad} NaN or infinite samples of {x.size}")
     pcm = np.clip(np.rint(x * 32767.0), -32768, 32767)
     return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+def modalities_of(session: dict) -> None:
+    """Refuses ``output_modalities`` without audio: this model always speaks."""
+    modalities = session.get("output_modalities", session.get("modalities"))
+    if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
+        raise ProtocolError(
+            "invalid_value",
+            "this model always answers in audio (with its transcript): output_modalities "
+            'must include "audio"',
+            "session.output_modalities",
+        )
+
+
+def tools_of(session: dict) -> Optional[List[dict]]:
+    """``session.tools`` checked (:func:`~..runtime.tools.normalize_tools`), or None."""
+    if session.get("tools") is None:
+        return None
+    try:
+        return normalize_tools(session["tools"])
+    except ToolError as e:
+        raise ProtocolError("invalid_value", str(e), "session.tools") from None
+
+
+def format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
+    """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
+    param = f"session.audio.{which}.format"
+    if ga is not None:
+        if not isinstance(ga, dict):
+            raise ProtocolError("invalid_value", f"`{param}` must be an object", param)
+        kind = ga.get("type", "audio/pcm")
+        if kind != "audio/pcm":
+            raise ProtocolError(
+                "invalid_value", f'audio format {kind!r} is not served; use "audio/pcm"', param
+            )
+        rate = ga.get("rate", DEFAULT_RATE)
+        if rate not in rates or isinstance(rate, bool):
+            raise ProtocolError(
+                "invalid_value",
+                f"{which} rate {rate!r} is not served; use one of {', '.join(map(str, rates))}",
+                param,
+            )
+        return int(rate)
+    if beta is not None:
+        if beta != "pcm16":
+            raise ProtocolError(
+                "invalid_value",
+                f'audio format {beta!r} is not served; use "pcm16"',
+                f"session.{which}_audio_format",
+            )
+        return DEFAULT_RATE
+    return None
 
 
 # --- text ----------------------------------------------------------------------------------
@@ -188,6 +229,26 @@ class EventSource:
 
     def _event(self, type_: str, **fields) -> Event:
         return {"type": type_, "event_id": f"{self._event_prefix}_{next(self._events)}", **fields}
+
+    def transcript_delta(self, item_id: str, delta: str) -> Event:
+        """Words of the user's item ``item_id``, as the recognizer has them."""
+        return self._event(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=item_id,
+            content_index=0,
+            delta=delta,
+        )
+
+    def transcript_completed(self, item_id: str, text: str, seconds: float, **more) -> Event:
+        """The whole transcript of the user's item ``item_id`` (``seconds`` of audio)."""
+        return self._event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item_id,
+            content_index=0,
+            transcript=text,
+            usage={"type": "duration", "seconds": seconds},
+            **more,
+        )
 
     def error(
         self,

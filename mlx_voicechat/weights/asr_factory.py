@@ -12,8 +12,6 @@ rate rather than ``max_symbols`` per frame. A checkpoint is a pure function of i
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -25,9 +23,9 @@ from mlx.utils import tree_flatten
 from ..config import EncoderConfig, PreprocessorConfig, RNNTDecoderConfig, RNNTJointConfig
 from ..config.asr import ASRConfig, PromptConfig, transformers_config
 from ..errors import VoiceChatError
-from ..files import current_umask
+from ..files import atomic_folder
 from .asr_layout import to_transformers
-from .loading import check_group_size
+from .loading import check_write_options
 from .scales import letter_pieces
 from .writer import save_safetensors, write_json
 
@@ -178,23 +176,18 @@ def make_recognizer_checkpoint(
     :func:`mlx_voicechat.weights.factory.make_checkpoint` for ``out_dir`` and ``force``).
     ``prompt=False`` leaves the language prompt out (Transformers: ``nemotron_asr_streaming``)."""
     from ..nets.asr import RecognizerNetwork as Recognizer
-    from .factory import _check_target, _move_into_place
+    from .factory import check_target
 
     if layout not in ASR_LAYOUTS:
         raise VoiceChatError(
             f"unknown recognizer layout {layout!r}; choose one of {', '.join(ASR_LAYOUTS)}"
         )
-    if quantize not in (None, 4, 8):
-        raise VoiceChatError(f"quantize must be 4 or 8, not {quantize!r}")
     if quantize and layout == "transformers":
         raise VoiceChatError(
             "the Transformers layout is not quantized; quantize mlx-audio's layout"
         )
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise VoiceChatError(f"unsupported dtype {dtype!r}")
-    if quantize:
-        check_group_size(group_size, "group size", VoiceChatError)
-    out_dir, replace = _check_target(out_dir, force)
+    check_write_options(quantize, dtype, group_size, VoiceChatError)
+    out_dir, replace = check_target(out_dir, force)
     config = asr_scale_config(scale, prompt)
     model = Recognizer(config)
     weights = random_recognizer_weights(model, seed)
@@ -219,10 +212,7 @@ def make_recognizer_checkpoint(
         config.quantization = {"group_size": group_size, "bits": quantize, "mode": "affine"}
         weights = dict(tree_flatten(model.parameters()))
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o777 & ~current_umask())
+    with atomic_folder(out_dir, replace) as tmp:
         if layout == "mlx-audio":
             write_json(tmp / "config.json", config.to_dict())
             save_safetensors(tmp / "model.safetensors", weights)
@@ -240,8 +230,4 @@ def make_recognizer_checkpoint(
                 },
             )
             save_safetensors(tmp / "model.safetensors", to_transformers(weights), {"format": "pt"})
-        _move_into_place(tmp, out_dir, replace)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

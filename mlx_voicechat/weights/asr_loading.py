@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import mlx.core as mx
 
 from ..config.asr import ASRConfig, is_recognizer_config
 from ..errors import CheckpointError
 from ..files import read_json
+from ..model import check_shapes
 from ..nets.layout import use_cpu_layout
 from .asr_layout import sanitize_recognizer
 from .loading import quantize_model, read_weights, weight_files
 
-__all__ = ["is_recognizer_config", "load_recognizer", "read_recognizer_config", "check_tensors"]
+__all__ = ["is_recognizer_config", "load_recognizer", "read_recognizer_config"]
 
 
 def read_recognizer_config(folder: Path, raw: Mapping[str, Any]) -> ASRConfig:
@@ -67,33 +68,6 @@ def zero_biases(model, config: ASRConfig, weights: Mapping[str, mx.array]) -> Di
     return out
 
 
-def check_tensors(
-    expected: Mapping[str, Tuple[int, ...]], found: Mapping[str, Tuple[int, ...]], where: str
-) -> None:
-    """``found`` must hold exactly the ``expected`` keys with their shapes; the first
-    difference is one CheckpointError naming the tensor."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(
-            f"{where} is missing tensor '{missing[0]}' with shape "
-            f"{list(expected[missing[0]])}{more}"
-        )
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(
-            f"{where} has unexpected tensor '{unexpected[0]}'{more}; it does not belong to a "
-            "Nemotron-3.5-ASR recognizer with this config"
-        )
-    for k in sorted(found):
-        if tuple(found[k]) != tuple(expected[k]):
-            raise CheckpointError(
-                f"tensor '{k}' has shape {list(found[k])} in {where} but the model expects "
-                f"{list(expected[k])}"
-            )
-
-
 def load_recognizer(
     folder: Path,
     raw: Optional[Dict[str, Any]] = None,
@@ -121,7 +95,8 @@ def load_recognizer(
     weights.update(zero_biases(model, config, weights))
     quantize_model(model, config.quantization, weights)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
-    check_tensors(expected, {k: tuple(v.shape) for k, v in weights.items()}, f"{folder}")
+    found = {k: tuple(weights[k].shape) for k in sorted(weights)}
+    check_shapes(expected, found, folder, model="a Nemotron-3.5-ASR recognizer")
     model.load_weights(list(weights.items()), strict=True)
     del weights
     model.eval()

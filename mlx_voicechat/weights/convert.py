@@ -15,23 +15,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from ..config import VoiceChatConfig
 from ..errors import CheckpointError, VoiceChatError
-from ..files import current_umask
+from ..files import atomic_folder
 from ..model import check_shapes
 from . import sanitize as rules
 from .loading import (
+    DTYPE_NAMES,
     TOKENIZER_PATTERNS,
-    check_group_size,
     check_rnnt_vocabulary,
+    check_write_options,
     read_config,
     resolve_path,
     weight_files,
@@ -48,7 +49,7 @@ from .writer import (
     write_shards,
 )
 
-DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+DTYPES = DTYPE_NAMES  # what --dtype takes
 TOKENIZER_FILES = TOKENIZER_PATTERNS
 # Kept in float32 whatever --dtype says: Mamba's A = -exp(A_log) amplifies rounding (mlx-vlm
 # keeps it too), and the log-mel filters and window are tiny buffers the front end is exact on.
@@ -222,16 +223,6 @@ def _tokenizer_folder(tokenizer) -> Path:
     return resolve_path(str(tokenizer), patterns=TOKENIZER_FILES, what="tokenizer folder")
 
 
-def _check_options(dtype, quantize, group_size, quantize_tts):
-    if dtype not in DTYPES:
-        raise ConversionError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if quantize not in (None, 4, 8):
-        raise ConversionError(f"--quantize must be 4 or 8, not {quantize!r}")
-    if quantize_tts not in (None, 8):
-        raise ConversionError(f"--quantize-tts must be 8, not {quantize_tts!r}")
-    check_group_size(group_size, "--group-size", ConversionError)
-
-
 def convert(
     source,
     output,
@@ -254,7 +245,9 @@ def convert(
         quantize_tts: 8 to quantize the TTS backbone and MoG head as well.
         max_shard_bytes: largest shard (tests force several shards with a small value).
     """
-    _check_options(dtype, quantize, group_size, quantize_tts)
+    check_write_options(quantize, dtype, group_size, ConversionError, flag="--")
+    if quantize_tts not in (None, 8):
+        raise ConversionError(f"--quantize-tts must be 8, not {quantize_tts!r}")
     from ..model import VoiceChatModel
 
     folder = resolve_path(source, revision=revision)
@@ -299,47 +292,33 @@ def convert(
             f"{group_size}; pick a smaller group size"
         )
     src = _Source(folder, config)
-    conv = _Converter(src, config, model, DTYPES[dtype], quant, config.layout)
+    conv = _Converter(src, config, model, getattr(mx, dtype), quant, config.layout)
     conv.validate()
     specs = conv.plan()
     out_config = flat_config(config, quant or None, source=raw)
     out_config["rnnt_vocabulary"] = vocabulary
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     bar = None
-    try:
-        # mkdtemp's 0700 would follow the folder through the rename
-        tmp.chmod(0o777 & ~current_umask())
-        if progress:
-            from tqdm import tqdm
+    if progress:
+        from tqdm import tqdm
 
-            bar = tqdm(
-                total=sum(s.nbytes for s in specs),
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc="convert",
+        total = sum(s.nbytes for s in specs)
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert")
+    try:
+        with atomic_folder(output, replace=output.exists()) as tmp:
+            write_shards(
+                tmp,
+                specs,
+                conv.fetch,
+                max_shard_bytes,
+                on_tensor=(lambda s: bar.update(s.nbytes)) if bar else None,
             )
-        write_shards(
-            tmp,
-            specs,
-            conv.fetch,
-            max_shard_bytes,
-            on_tensor=(lambda s: bar.update(s.nbytes)) if bar else None,
-        )
-        try:
-            _copy_tokenizer(tok_dir, tmp)
-            write_rnnt_tokenizer(tmp, vocabulary, folder)
-            write_json(tmp / "config.json", out_config)  # last: its presence marks a checkpoint
-        except OSError as e:
-            raise WriteError(f"cannot write to {tmp}: {e.strerror or e}") from None
-        if output.exists():
-            output.rmdir()
-        tmp.rename(output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            try:
+                _copy_tokenizer(tok_dir, tmp)
+                write_rnnt_tokenizer(tmp, vocabulary, folder)
+                write_json(tmp / "config.json", out_config)  # last: it marks a checkpoint
+            except OSError as e:
+                raise WriteError(f"cannot write to {tmp}: {e.strerror or e}") from None
     finally:
         if bar is not None:
             bar.close()
@@ -347,24 +326,6 @@ def convert(
 
 
 # --- --quantize-tts: how much the 8-bit TTS changes the speech codes ------------------------
-
-
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    *parents, leaf = path.split(".")
-    node = root
-    for p in parents:
-        node = node[int(p)] if isinstance(node, list) else getattr(node, p)
-    if isinstance(node, list):
-        node[int(leaf)] = module
-    else:
-        setattr(node, leaf, module)
-
-
-def _get_module(root: nn.Module, path: str):
-    node = root
-    for p in path.split("."):
-        node = node[int(p)] if isinstance(node, list) else getattr(node, p)
-    return node
 
 
 def tts_agreement(
@@ -388,14 +349,15 @@ def tts_agreement(
         for u in src.units
         if u.module or u.keys[0].endswith(".weight")
     }
+    modules = dict(reference.named_modules())
     for path in tts:
-        old = _get_module(reference, path)
+        old = modules[path]
         w = src.read(by_module[path])[f"{path}.weight"].astype(old.scales.dtype)
         lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in old)
         lin.weight = w
         if "bias" in old:
             lin.bias = old.bias
-        _set_module(reference, path, lin)
+        reference.update_modules(tree_unflatten([(path, lin)]))
     rng = np.random.default_rng(seed)
     rate = quantized.config.input_sample_rate
     t = np.arange(int(seconds * rate)) / rate

@@ -11,19 +11,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..config import VoiceChatConfig
 from ..config.asr import is_recognizer_config
+from ..config.layouts import nemo_config
 from ..errors import VoiceChatError
-from ..files import current_umask
-from .loading import check_group_size
+from ..files import atomic_folder
+from .loading import check_write_options
 from .random_init import random_weights
 from .sanitize import conv_transpose_keys, to_torch_layout
 from .scales import SCALES, build_tokenizer, scale_config, tokenizer_config
@@ -47,143 +45,6 @@ __all__ = [
 ]
 
 LAYOUTS = ("mlx-community", "nvidia", "mlx-audio")
-
-
-# --- layouts ----------------------------------------------------------------------------
-
-
-def nemo_config(config: VoiceChatConfig) -> Dict[str, Any]:
-    """NVIDIA's nested NeMo/Hydra run config for ``config`` (with the text config embedded)."""
-    a, t, c = config.audio_config, config.tts_config, config.codec_config
-    enc = a.encoder.to_dict()
-    enc["att_context_size"] = [list(a.encoder.att_context_size)]
-    enc["_target_"] = "nemo.collections.asr.modules.ConformerEncoder"
-    backbone = {
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": t.num_hidden_layers,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": t.head_dim,
-        "rms_norm_eps": t.rms_norm_eps,
-        "query_pre_attn_scalar": t.query_pre_attn_scalar,
-        "sliding_window": t.sliding_window,
-        "sliding_window_pattern": t.sliding_window_pattern,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": t.rope_global_base_freq},
-            "sliding_attention": {"rope_type": "default", "rope_theta": t.rope_local_base_freq},
-        },
-    }
-    ch = t.character_encoder
-    cas = {
-        "hidden_size": ch.hidden_size,
-        "intermediate_size": ch.intermediate_size,
-        "num_hidden_layers": ch.num_hidden_layers,
-        "num_attention_heads": ch.num_attention_heads,
-        "num_key_value_heads": ch.num_key_value_heads,
-        "head_dim": ch.head_dim,
-        "rms_norm_eps": ch.rms_norm_eps,
-        "query_pre_attn_scalar": ch.query_pre_attn_scalar,
-        "attn_logit_softcapping": ch.attn_logit_softcapping,
-        "rope_parameters": {"rope_type": "default", "rope_theta": ch.rope_base},
-    }
-    tts_flags = {
-        k: getattr(t, k)
-        for k in (
-            "latent_size",
-            "num_quantizers",
-            "codebook_size",
-            "exponent",
-            "num_delay_speech_tokens",
-            "use_subword_flag_emb",
-            "use_bos_eos_emb",
-            "use_gated_fusion_for_text_audio",
-            "use_audio_prompt_frozen_projection",
-        )
-    }
-    pre = {
-        "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-        **a.preprocessor.to_dict(),
-    }
-    vocab = list(config.rnnt_vocabulary)
-    return {
-        "data": {
-            "source_sample_rate": config.input_sample_rate,
-            "target_sample_rate": config.output_sample_rate,
-            "frame_length": config.frame_duration,
-        },
-        "exp_manager": {},
-        "model": {
-            "stt": {
-                "model": {
-                    "pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
-                    "perception": {"preprocessor": pre, "encoder": enc, "output_dim": a.output_dim},
-                    "use_function_head": True,
-                    "duplex_function_channel_weight": config.function_channel_weight,
-                }
-            },
-            "speech_generation": {
-                "data": {
-                    "target_sample_rate": config.output_sample_rate,
-                    "source_sample_rate": config.input_sample_rate,
-                    "frame_length": config.frame_duration,
-                    "audio_prompt_duration": t.audio_prompt_duration,
-                },
-                "model": {
-                    "inference_guidance_scale": t.guidance_scale,
-                    "inference_top_p_or_k": t.top_p,
-                    "inference_noise_scale": t.noise_scale,
-                    "tts_config": {
-                        "backbone_type": "gemma3_text",
-                        "backbone_config": backbone,
-                        **tts_flags,
-                        "cas_config": {
-                            "backbone_type": "t5gemma",
-                            "backbone_config": {"encoder": cas},
-                        },
-                        "mog_head_config": t.mog_head.to_dict(),
-                    },
-                    "codec_config": {
-                        "latent_size": c.latent_dim,
-                        "n_fft": c.n_fft,
-                        "hop_length": c.hop_length,
-                        "base_hidden_size": c.base_channels,
-                        "channel_mult": list(c.channel_multipliers),
-                        "rates": list(c.downsample_rates),
-                        "num_blocks": c.blocks_per_stage,
-                        "kernel_size": c.block_kernel_size,
-                        "codebook_size": c.codebook_size,
-                        "num_quantizers": c.num_quantizers,
-                        "wav_to_token_ratio": c.samples_per_frame,
-                    },
-                },
-            },
-            "inference_speaker_name": config.speaker,
-        },
-        "trainer": {},
-        "_rnnt_merge_info": {
-            "decoder_config": {
-                "prednet": {
-                    "pred_hidden": a.decoder.pred_hidden,
-                    "pred_rnn_layers": a.decoder.pred_rnn_layers,
-                },
-                "vocab_size": a.decoder.vocab_size,
-                "blank_as_pad": a.decoder.blank_as_pad,
-            },
-            "joint_config": {
-                "jointnet": {
-                    "joint_hidden": a.joint.joint_hidden,
-                    "activation": a.joint.activation,
-                    "encoder_hidden": a.joint.encoder_hidden,
-                    "pred_hidden": a.joint.pred_hidden,
-                },
-                "num_classes": a.joint.num_classes,
-                "vocabulary": vocab,
-            },
-            "rnnt_vocab_size": len(vocab),
-        },
-        "text_config": {k: v for k, v in config.text_config.items()},
-    }
 
 
 def make_checkpoint(
@@ -215,15 +76,10 @@ def make_checkpoint(
 
     if layout not in LAYOUTS:
         raise VoiceChatError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if quantize not in (None, 4, 8):
-        raise VoiceChatError(f"quantize must be 4 or 8, not {quantize!r}")
     if quantize and layout == "nvidia":
         raise VoiceChatError("NVIDIA's raw layout is float32 only; quantize another layout")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise VoiceChatError(f"unsupported dtype {dtype!r}")
-    if quantize:
-        check_group_size(group_size, "group size", VoiceChatError)
-    out_dir, replace = _check_target(out_dir, force)
+    check_write_options(quantize, dtype, group_size, VoiceChatError)
+    out_dir, replace = check_target(out_dir, force)
     config = scale_config(scale)
     tokenizer = build_tokenizer(config.text_args.vocab_size)
     model = VoiceChatModel(config)
@@ -240,11 +96,8 @@ def make_checkpoint(
         quant_map = quantize_like_mlx_community(model, quantize, group_size, scale)
         weights = dict(tree_flatten(model.parameters()))
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed at the end: an interrupted run leaves no checkpoint.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would follow through the rename
+    with atomic_folder(out_dir, replace) as tmp:
         if layout in ("mlx-community", "nvidia"):
             # NeMo key names and PyTorch layouts, with the training-only prompt projection that
             # the release carries (mlx-vlm's loader requires it, ours drops it).
@@ -277,10 +130,6 @@ def make_checkpoint(
             write_json(tmp / "tokenizer_config.json", tokenizer_config())
         if layout != "mlx-audio":
             write_rnnt_tokenizer(tmp, config.rnnt_vocabulary)
-        _move_into_place(tmp, out_dir, replace)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -310,7 +159,7 @@ def _is_own_checkpoint(folder: Path) -> bool:
     return raw.get("model_type") == "nemotron_voicechat" or ("model_type" not in raw and nemo)
 
 
-def _check_target(out_dir, force: bool):
+def check_target(out_dir, force: bool):
     """The folder to write (symlink followed) and whether an existing checkpoint is replaced;
     anything else that exists there is refused before any work."""
     given = out_dir
@@ -341,20 +190,3 @@ def _check_target(out_dir, force: bool):
             "no VoiceChat config.json); refusing to replace it, even with --force"
         )
     return out_dir, True
-
-
-def _move_into_place(tmp: Path, out_dir: Path, replace: bool) -> None:
-    """Rename the finished ``tmp`` to ``out_dir``; an old folder there is moved aside first
-    and removed only once the new one is in place."""
-    if not replace:
-        tmp.rename(out_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    old.rmdir()
-    out_dir.rename(old)
-    try:
-        tmp.rename(out_dir)
-    except BaseException:
-        old.rename(out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

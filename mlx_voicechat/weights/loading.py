@@ -111,6 +111,7 @@ def read_weights(files: List[Path]) -> Dict[str, mx.array]:
 
 GROUP_SIZES = (32, 64, 128)  # what MLX's affine quantization supports
 QUANTIZE_BITS = (2, 3, 4, 5, 6, 8)
+DTYPE_NAMES = ("bfloat16", "float16", "float32")  # what the writers take
 
 
 def check_group_size(group_size, what: str = "group size", error: type = CheckpointError) -> int:
@@ -119,6 +120,17 @@ def check_group_size(group_size, what: str = "group size", error: type = Checkpo
         raise error(f"{what} must be 32, 64 or 128, not {group_size!r}")
     return int(group_size)
 
+
+def check_write_options(quantize, dtype, group_size, error: type, flag: str = "") -> None:
+    """One clear ``error`` for a ``quantize`` other than 4 or 8, a ``dtype`` other than
+    :data:`DTYPE_NAMES` or (when quantizing, or always for the CLI's ``flag`` ``--``) a group
+    size MLX cannot use."""
+    if quantize not in (None, 4, 8):
+        raise error(f"{flag}quantize must be 4 or 8, not {quantize!r}")
+    if dtype not in DTYPE_NAMES:
+        raise error(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    if quantize or flag:
+        check_group_size(group_size, "--group-size" if flag else "group size", error)
 
 
 def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], weights) -> List[str]:

@@ -16,7 +16,7 @@ import mlx.core as mx
 from ..config import VoiceChatConfig
 from ..errors import VoiceChatError
 from ..nets.layout import use_cpu_layout
-from .loading import check_group_size
+from .loading import check_write_options
 from .random_init import random_weights
 from .scales import build_tokenizer, scale_config, tokenizer_config
 from .writer import flat_config, quantize_like_mlx_community
@@ -48,12 +48,7 @@ def random_model(
     """
     if model_class is None:
         from ..model import VoiceChatModel as model_class
-    if quantize not in (None, 4, 8):
-        raise VoiceChatError(f"quantize must be 4 or 8, not {quantize!r}")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise VoiceChatError(f"unsupported dtype {dtype!r}")
-    if quantize:
-        check_group_size(group_size, "group size", VoiceChatError)
+    check_write_options(quantize, dtype, group_size, VoiceChatError)
     base = scale_config(scale)
     tokenizer = build_tokenizer(base.text_args.vocab_size)
     model = model_class(base)

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
+from ..config.layouts import GEMMA_KEYS, GEMMA_SIZES
 from ..errors import VoiceChatError
 
 MAX_SHARD_BYTES = 5 << 30  # 5 GiB, mlx-lm's and mlx-vlm's shard limit
@@ -131,12 +132,7 @@ _TEXT_KEYS = (
     "time_step_limit",
 )
 _TTS_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
+    *GEMMA_SIZES,
     "sliding_window",
     "latent_size",
     "num_quantizers",
@@ -155,19 +151,7 @@ _TTS_KEYS = (
     "noise_scale",
     "audio_prompt_duration",
 )
-_CHAR_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "query_pre_attn_scalar",
-    "attn_logit_softcapping",
-    "rope_parameters",
-)
+_CHAR_KEYS = ("vocab_size", *GEMMA_KEYS, "attn_logit_softcapping", "rope_parameters")
 
 
 def _text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
@@ -272,10 +256,6 @@ def flat_config(
     if quantization:
         d["quantization"] = dict(quantization)
         d["quantization_config"] = dict(quantization)
-    back = VoiceChatConfig.from_dict(json.loads(json.dumps(d)))
-    for name in ("audio_config", "tts_config", "codec_config"):
-        if getattr(back, name) != getattr(config, name):  # a bug here, not bad input
-            raise AssertionError(f"flat config does not round-trip {name}")
     return d
 
 
@@ -306,6 +286,8 @@ def write_rnnt_tokenizer(
 
 
 # --- streamed safetensors shards --------------------------------------------------------
+# Not mx.save_safetensors: convert writes each tensor as soon as it is computed, so that peak
+# memory stays near the largest tensor, never a whole 5 GiB shard.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,8 +99,8 @@ def test_state_stays_bounded(asr):
     x = noise(16000 * 30, 9)
     for i in range(0, len(x), 4000):
         s.feed(x[i : i + 4000])
-    assert s.frames == 364 and len(s._y) <= 14 * 1280 + 4000 + 512
-    assert s._mel.shape[0] <= 14 * 8 + 3 * 8
+    assert s.frames == 364 and len(s._mel._y) <= 14 * 1280 + 4000 + 512
+    assert s._mel._mel.shape[0] <= 14 * 8 + 3 * 8
     assert all(c.keys.shape[2] <= 56 for c in s._cache.layers)
     assert s._decoder._frames.shape[1] <= 2 * 14
 

@@ -124,7 +124,7 @@ def reference(checkpoint):
     frame has been answered)."""
     from mlx_voicechat import load
     from mlx_voicechat.serve.app import ServerThread, create_app
-    from mlx_voicechat.serve.protocol import Resampler
+    from mlx_voicechat.serve.wire import Resampler
     from mlx_voicechat.serve.worker import Worker
 
     worker = Worker.shared()

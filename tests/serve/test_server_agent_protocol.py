@@ -18,8 +18,10 @@ import pytest
 from server_support import error_code, frame, pcm, send, started
 
 from mlx_voicechat.runtime.tools import ToolCall
-from mlx_voicechat.serve.protocol import Realtime, Start
-from mlx_voicechat.serve.responses import MAX_ITEM_CHARS, MAX_ITEMS, REQUEST_WAIT_FRAMES
+from mlx_voicechat.serve.items import MAX_ITEM_CHARS, MAX_ITEMS
+from mlx_voicechat.serve.protocol import Realtime
+from mlx_voicechat.serve.responses import REQUEST_WAIT_FRAMES
+from mlx_voicechat.serve.wire import Start
 
 
 def text_item(role, text, **fields):

@@ -33,7 +33,7 @@ from server_support import (  # noqa: E402  (the server tests' helpers)
 
 from mlx_voicechat.serve.app import WS_MAX_SIZE, create_app  # noqa: E402
 from mlx_voicechat.serve.connection import Conversation  # noqa: E402
-from mlx_voicechat.serve.protocol import MAX_EVENT_BYTES  # noqa: E402
+from mlx_voicechat.serve.wire import MAX_EVENT_BYTES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,8 @@ from pydantic import TypeAdapter  # noqa: E402
 
 from mlx_voicechat.runtime.tools import ToolCall  # noqa: E402
 from mlx_voicechat.serve.mcp_tools import McpPolicy  # noqa: E402
-from mlx_voicechat.serve.protocol import Realtime, Start, ToolResult  # noqa: E402
+from mlx_voicechat.serve.protocol import Realtime  # noqa: E402
+from mlx_voicechat.serve.wire import Start, ToolResult  # noqa: E402
 
 URL = "http://127.0.0.1:8123/mcp"
 ADD = Tool(name="add", description="Add two integers.",
@@ -166,7 +167,7 @@ def test_runner_turns_every_failure_into_a_failed_call_the_model_hears():
     import sys
     from pathlib import Path
 
-    from mlx_voicechat.serve.mcp_tools import McpRunner
+    from mlx_voicechat.serve.mcp_runner import McpRunner
 
     server = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
     proc = subprocess.Popen([sys.executable, str(server), "http", "--only", "hang,fail,big,die"],

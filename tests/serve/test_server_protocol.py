@@ -7,13 +7,13 @@ import json
 import numpy as np
 from server_support import error_code, frame, pcm, send, started
 
-from mlx_voicechat.serve.protocol import (
+from mlx_voicechat.serve.protocol import Realtime
+from mlx_voicechat.serve.wire import (
     MAX_EVENT_BYTES,
     Append,
     Cancel,
     Clear,
     Commit,
-    Realtime,
     Start,
     encode_pcm16,
 )

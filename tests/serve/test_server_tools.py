@@ -11,7 +11,7 @@ from server_support import error_code, frame, pcm, send, started
 from tool_specs import WEATHER
 
 from mlx_voicechat.runtime.tools import ToolCall
-from mlx_voicechat.serve.protocol import Start, ToolResult
+from mlx_voicechat.serve.wire import Start, ToolResult
 
 
 def test_tools_in_the_session_and_a_call_out_and_its_result_in():

@@ -17,7 +17,7 @@ from server_support import (  # noqa: E402  (the server tests' helpers)
     serve_app,
 )
 
-from mlx_voicechat.serve.protocol import encode_pcm16  # noqa: E402
+from mlx_voicechat.serve.wire import encode_pcm16  # noqa: E402
 
 TIMEOUT = 20.0  # seconds, any single wait on the server
 SECRET = "query-string-secret-1234"

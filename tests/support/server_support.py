@@ -257,7 +257,7 @@ def responses(events):
 
 def expected_responses(frame_events, output_rate):
     """[(audio deltas, transcript deltas, closed)] derived from the session's own frames."""
-    from mlx_voicechat.serve.protocol import Resampler, encode_pcm16
+    from mlx_voicechat.serve.wire import Resampler, encode_pcm16
 
     out, cur, resampler = [], None, None
     for f in frame_events:
@@ -279,7 +279,7 @@ def expected_responses(frame_events, output_rate):
 
 def reference(worker, model, chunks, input_rate=16000):
     """A bare Session fed the same samples, on the shared worker."""
-    from mlx_voicechat.serve.protocol import Resampler
+    from mlx_voicechat.serve.wire import Resampler
 
     def job():
         s = model.session()
