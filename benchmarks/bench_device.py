@@ -46,9 +46,9 @@ CHUNK = 1280  # 80 ms at 16 kHz
 FRAME_S = 0.08
 STEADY_FRAME = 72  # from here on the encoder's 70-frame context is full (its compiled step)
 ORACLE_FILES = (
-    "tests/test_perception.py", "tests/test_rnnt.py", "tests/test_llm.py",
-    "tests/test_char_encoder.py", "tests/test_tts.py", "tests/test_codec.py",
-    "tests/test_duplex.py", "tests/test_session.py",
+    "tests/nets/test_perception.py", "tests/nets/test_rnnt.py", "tests/nets/test_llm.py",
+    "tests/nets/test_char_encoder.py", "tests/nets/test_tts.py", "tests/nets/test_codec.py",
+    "tests/runtime/test_duplex.py", "tests/runtime/test_session.py",
 )
 ORACLE_SELECT = "oracle04 or not test_session"  # test_session: only its oracle 04 replays
 DEFAULTS = {  # device: (scale, seconds, budget s)

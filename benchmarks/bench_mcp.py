@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER = ROOT / "tests" / "mcp_server.py"
+SERVER = ROOT / "tests" / "support" / "mcp_server.py"
 FRAME = 0.08
 
 

@@ -177,11 +177,11 @@ class Record:
 
 
 class TimedNoise:
-    """The WebRTC tests' paced microphone (tests/webrtc_support.py): noise, then silence; when
+    """The WebRTC tests' paced microphone (tests/support/webrtc_support.py): noise, then silence; when
     each 20 ms packet left for the encoder (pts -> monotonic seconds)."""
 
     def __new__(cls, sound_seconds: float):
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
         from webrtc_support import Noise
 
         class Timed(Noise):

@@ -6,6 +6,7 @@ device for the whole run): how ``benchmarks/bench_device.py`` runs the oracle te
 import os
 
 import pytest
+from server_support import model, worker  # noqa: F401  (the server tests' shared fixtures)
 
 _TEST_DEVICE = os.environ.get("MLX_VOICECHAT_TEST_DEVICE", "").strip().lower()
 if _TEST_DEVICE:
@@ -22,6 +23,15 @@ if _TEST_DEVICE:
             f"{_TEST_DEVICE} backend (install mlx[cuda13] for NVIDIA GPUs)"
         )
     mx.set_default_device(_device)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """The factory's tiny checkpoint (seed 0, mlx-community layout, one shard), written once per
+    run: the checkpoint of the server, Ray, operating and data-safety tests."""
+    from mlx_voicechat.factory import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny", "tiny", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 MLX's CPU convolution computes each output as a sum over its window, one term at a time in
 window order, then adds the bias. These forms make the same sums in the same order with fewer,
-larger operations (bit-identical on the CPU, tested in ``tests/test_fastpaths.py``):
+larger operations (bit-identical on the CPU, tested in ``tests/fastpaths/test_fastpaths.py``):
 
 * a pointwise conv (kernel 1, stride 1, one group): ``x @ W.T``, then the bias. BLAS sums each
   output over the input channels in order. Weights marked with :func:`layout.as_matrix` are
