@@ -12,7 +12,7 @@ front-end runs incrementally and gives the same frames, bit for bit:
   to the left and none to the right and its convolutions are causal, so it is final once
   ``1280 k + 199`` samples have arrived: 1081 samples (67.6 ms) before its 80 ms slot ends.
   :meth:`MelStream.window` hands out the mel frames its subsampling reads; the encoder layers
-  run with the frame step (``runtime.live``), on the encoder context kept in the frame state.
+  run with the frame step (``runtime.step``), on the encoder context kept in the frame state.
 - at the end of the input (:meth:`MelStream.finish`) the frames whose windows reach past the
   last sample are computed as the offline pass does: zeros past the end, NeMo's padded last
   mel frame.
