@@ -132,8 +132,11 @@ PATHS: Dict[str, FastPath] = {
         FastPath(
             "offline.encoder",
             "offline generation's listening as one encoder pass over the whole input (with its "
-            "trailing silence), each frame's rows handed to the frame step",
-            "the frame step's listening: each frame's mel window on the encoder's context",
+            "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
+            "greedy symbols of its output after the loop (nets.rnnt.greedy_decode, on the host: "
+            "a blank costs one joint, where the step's device decoder runs max_symbols steps)",
+            "the frame step's listening: each frame's mel window on the encoder's context and "
+            "its RNNT symbols",
             "runtime.generate, always",
         ),
         FastPath(

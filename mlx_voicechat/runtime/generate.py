@@ -2,11 +2,12 @@
 
 The frames run pipelined (:func:`run_frames`: each frame queued before the one ``LOOKAHEAD``
 frames back is read), each with its listening, RNNT symbols, thinking and speech. Two
-registered fast paths (``nets.fastpaths``) do parts of the loop once for the whole input: the
-encoder over the input with its trailing silence (``offline.encoder``; off: each frame's mel
-window on the encoder's context, as a session hears it) and the codec over all codes after the
-loop (``offline.codec``; off: the codec's frame in each step, as a session decodes it). The
-result holds the three texts, the per-frame ids and codes, and the reply.
+registered fast paths (``nets.fastpaths``) do parts of the loop once for the whole input:
+``offline.encoder``, the encoder over the input with its trailing silence and the RNNT's greedy
+symbols of its output on the host after the loop (off: each frame's mel window on the
+encoder's context and its symbols, in the step, as a session hears it), and ``offline.codec``,
+the codec over all codes after the loop (off: the codec's frame in each step, as a session
+decodes it). The result holds the three texts, the per-frame ids and codes, and the reply.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from ..errors import GenerationError
 from ..nets import fastpaths
 from ..nets.caches import RowCaches
 from ..nets.codec import replace_control_codes
-from ..nets.rnnt import decode_pieces
+from ..nets.rnnt import decode_pieces, greedy_decode
 from ..noise import NoiseSource
 from .audio import AudioError, load_audio, save_wav
 from .audioin import MelStream
 from .framestate import FrameState, open_state, start_rnnt
 from .request import check_extra_seconds, resolve
-from .step import FrameRead, Heard, Listening, ReadLayout, read, step
+from .step import FrameRead, Listening, ReadLayout, read, step
 from .threads import note_mlx_thread
 from .tools import calls_in
 
@@ -150,14 +151,14 @@ def listen(
 
 
 def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_frames):
-    """Each frame's listening for the offline loop: the rows of the whole-input pass
-    (``offline.encoder``), or each frame's mel window with the encoder context to run it on
-    (None with the rows)."""
+    """Each frame's listening for the offline loop: the projected rows of the whole-input pass
+    (``offline.encoder``) and its encoder output, or each frame's mel window and the encoder
+    context to run them on."""
     if fastpaths.enabled("offline.encoder"):
         projected, encoded, F = listen(
             model, audio, extra_decoding_seconds, source_rate, request, keep_frames
         )
-        return [Heard(projected[:, i : i + 1], encoded[:, i : i + 1]) for i in range(F)], None
+        return [projected[:, i : i + 1] for i in range(F)], encoded
     args = (extra_decoding_seconds, source_rate, request, keep_frames)
     samples, what = _samples(model, audio, *args)
     mel = MelStream(model.stt_model.perception)
@@ -240,9 +241,10 @@ def generate(
     ):
         raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
     request = resolve(model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise)
-    frames, encoder = _heard(model, audio, extra_decoding_seconds, source_rate, request, max_frames)
+    frames, heard = _heard(model, audio, extra_decoding_seconds, source_rate, request, max_frames)
     state = open_state(model, request, progress=prompt_progress)
-    state.encoder, state.rnnt = encoder, start_rnnt(model)
+    if isinstance(heard, RowCaches):  # listening frame by frame, in the step
+        state.encoder, state.rnnt = heard, start_rnnt(model)
     speech = model.tts_model
     codec = speech.audio_codec
     one_shot = fastpaths.enabled("offline.codec")
@@ -262,7 +264,15 @@ def generate(
     else:
         all_codes = np.stack([r.codes for r in reads])
         wave = np.concatenate([r.audio for r in reads] + [reads[-1].tail])[codec.stream_delay :]
-    transcript, _ = decode_pieces([k for r in reads for k in r.labels], model.rnnt_vocabulary)
+    if state.rnnt is None:  # offline.encoder: the whole output's symbols, by the host
+        stt = model.stt_model
+        tokens, _ = greedy_decode(
+            stt.rnnt_decoder, stt.rnnt_joint, heard, F, stt.rnnt_joint.blank_id,
+            cfg.audio_config.max_symbols,
+        )
+    else:
+        tokens = [k for r in reads for k in r.labels]
+    transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
     calls, call_errors = calls_in(request.parser, function_ids)
     return GenerationResult(
         user_transcript=transcript,

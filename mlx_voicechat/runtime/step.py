@@ -7,9 +7,10 @@ its one host read (:class:`ReadLayout`). Offline generation loops over it
 (``generate.run_frames``), a live batch queues it per round (``batch.SessionBatch``: sessions,
 the server, the mlx-audio layer), transcription-only runs it on a state without the LLM and
 speech (``rnnt_transcription``), and the speech over a prompt's positions is its :func:`speak`.
-A stage runs when the state has its part: no encoder context (offline's whole-input pass, the
-``offline.encoder`` fast path) takes the frame's rows as :class:`Heard`; no codec state
-(offline's one-shot decode, ``offline.codec``) leaves the codes undecoded.
+A stage runs when the state has its part: without an encoder context and RNNT state, the
+frame's projected rows come heard already (offline's whole-input pass, the ``offline.encoder``
+fast path, which decodes the RNNT's symbols after the loop); without a codec state the
+codes are left undecoded (offline's one-shot decode, ``offline.codec``).
 
 Timeline (spec "Offline timeline loop", errata 10-12): the system prompt ``[bos] + ids + [eos]``
 takes the first ``P`` timeline positions on the audio channel; audio frame ``i`` is timeline
@@ -41,18 +42,9 @@ from .threads import note_mlx_thread
 NO_ID = -1  # a forced-id flag that forces nothing
 
 
-@dataclass
-class Heard:
-    """A frame's listening done already (the whole-input encoder pass, ``offline.encoder``):
-    its projected rows ``[B, 1, H]`` and encoder rows ``[B, 1, D]`` (None: no RNNT)."""
-
-    projected: mx.array
-    encoded: Optional[mx.array] = None
-
-
 #: What a frame hears: each row's mel window and the frame's index in its subsampled output
-#: (``MelStream.window``), a :class:`Heard`, or the projected rows ``[B, 1, H]`` alone.
-Listening = Union[Sequence[Tuple[mx.array, int]], Heard, mx.array]
+#: (``MelStream.window``), or its projected rows ``[B, 1, H]`` heard already (no encoder or RNNT).
+Listening = Union[Sequence[Tuple[mx.array, int]], mx.array]
 
 
 @dataclass
@@ -101,7 +93,7 @@ def step(
                 mx.async_eval(*out.speech)
         state.position = [p + 1 for p in state.position]
     if state.rnnt is not None:  # beside the speech
-        parts["labels"] = _transcribe(model, state, encoded)
+        parts["labels"] = _rnnt_symbols(model, state, encoded)
         if pipelined:
             mx.async_eval(parts["labels"])
     state.frames = [f + 1 for f in state.frames]
@@ -124,8 +116,6 @@ def prefill(model, state, rows: int) -> None:
 def _listen(model, state, heard: Listening):
     """The frame's projected rows and encoder rows: from each row's mel window on its own
     encoder context (which advances), or as heard already."""
-    if isinstance(heard, Heard):
-        return heard.projected, heard.encoded
     if isinstance(heard, mx.array):
         return heard, None
     stt = model.stt_model
@@ -143,8 +133,9 @@ def _listen(model, state, heard: Listening):
     return projected, encoded
 
 
-def _transcribe(model, state, encoded: mx.array) -> mx.array:
-    """The RNNT's greedy symbols of the frame ``[B, steps]`` (blank-padded), on the device."""
+def _rnnt_symbols(model, state, encoded: mx.array) -> mx.array:
+    """The listening part's RNNT: the greedy symbols of the frame's encoder rows ``encoded``
+    ``[B, 1, D]`` (``[B, steps]``, blank-padded), on the device; advances ``state.rnnt``."""
     rnnt = state.rnnt
     enc = model.stt_model.rnnt_joint.project_encoder(encoded[:, 0])
     labels, rnnt.h, rnnt.c, rnnt.pred = model.rnnt_frames(enc, rnnt.h, rnnt.c, rnnt.pred)
