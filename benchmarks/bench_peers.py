@@ -199,7 +199,7 @@ def _profile_ours(model, audio) -> dict:
     try:
         for owner, name, label in hooks:
             setattr(owner, name, timed(label, getattr(owner, name)))
-        _, codes = offline.run_frames(model, state, projected)
+        _, codes, _ = offline.run_frames(model, state, projected)
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)

@@ -151,29 +151,13 @@ class Model(VoiceChatModel):
         with ``push_audio`` / ``flush`` / ``cancel`` over :meth:`session`."""
         return self.create_session().create_streaming_session(**kwargs)
 
-    def session(
-        self,
-        system_prompt: Optional[str] = None,
-        *,
-        seed: int = 0,
-        noise=None,
-        prompt=None,
-        max_seconds: Optional[float] = None,
-        tools=None,
-    ):
+    def session(self, system_prompt: Optional[str] = None, **options):
         """A streaming conversation: see :class:`mlx_voicechat.runtime.session.Session` (a
-        batch of one)."""
+        batch of one). ``options``: ``seed`` (0), ``noise``, ``prompt`` (ids instead of
+        ``system_prompt``), ``max_seconds``, ``tools``."""
         from .runtime.session import Session
 
-        return Session(
-            self,
-            system_prompt,
-            seed=seed,
-            noise=noise,
-            prompt=prompt,
-            max_seconds=max_seconds,
-            tools=tools,
-        )
+        return Session(self, system_prompt, **options)
 
     def session_batch(self, max_sessions: int = 8, join_rows=None):
         """Live conversations stepped together, one batched forward per frame: see

@@ -21,6 +21,7 @@ one it has alone.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, List, Sequence
 
 import mlx.core as mx
@@ -148,6 +149,33 @@ def arrays_cache(*arrays: mx.array) -> ArraysCache:
     return c
 
 
+class NamedArrays(ArraysCache):
+    """An :class:`ArraysCache` whose slots have names (``SLOTS``), each a property; batch
+    operations keep the subclass."""
+
+    SLOTS: tuple = ()
+
+    def __init__(self, size: int = 0, left_padding=None):
+        super().__init__(len(self.SLOTS), left_padding)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for i, name in enumerate(cls.SLOTS):
+            setattr(cls, name, property(
+                lambda self, i=i: self.cache[i],
+                lambda self, v, i=i: self.cache.__setitem__(i, v),
+            ))
+
+    @classmethod
+    def of(cls, *arrays: mx.array) -> "NamedArrays":
+        c = cls()
+        c.cache = list(arrays)
+        return c
+
+    def extract(self, idx: int) -> "NamedArrays":
+        return self.of(*[a[idx : idx + 1] for a in self.cache])
+
+
 def merge_rows(caches: Sequence[Any]) -> Any:
     """``type(caches[0]).merge`` of caches of any number of rows: mlx-lm's ``merge`` takes
     caches of one row each, so a cache of several rows is split by its ``extract`` first."""
@@ -158,18 +186,23 @@ def merge_rows(caches: Sequence[Any]) -> Any:
 
 def take_rows(cache: Any, idx: Sequence[int]) -> Any:
     """A new cache with rows ``idx`` of ``cache`` (arrays gathered, row objects shared)."""
+    if hasattr(cache, "take_rows"):
+        return cache.take_rows(idx)
     if isinstance(cache, RowCaches):
         return RowCaches([cache.rows[i] for i in idx])
     if isinstance(cache, ArraysCache):
         rows = mx.array(list(idx), dtype=mx.int32)
-        return arrays_cache(*[None if a is None else a[rows] for a in cache.cache])
-    if hasattr(cache, "take_rows"):
-        return cache.take_rows(idx)
+        part = copy.copy(cache)  # of the same class (NamedArrays keep their names)
+        part.cache = [None if a is None else a[rows] for a in cache.cache]
+        return part
     raise TypeError(f"no rows to take from a {type(cache).__name__}")
 
 
 def put_rows(cache: Any, idx: Sequence[int], part: Any) -> None:
     """Write ``part`` (what :func:`take_rows` gave, advanced) back into rows ``idx``."""
+    if hasattr(cache, "put_rows"):
+        cache.put_rows(idx, part)
+        return
     if isinstance(cache, RowCaches):
         for i, row in zip(idx, part.rows):
             cache.rows[i] = row
@@ -181,9 +214,6 @@ def put_rows(cache: Any, idx: Sequence[int], part: Any) -> None:
                 full = mx.array(cache.cache[k])  # a new object: others may hold the old one
                 full[rows] = a
                 cache.cache[k] = full
-        return
-    if hasattr(cache, "put_rows"):
-        cache.put_rows(idx, part)
         return
     raise TypeError(f"no rows to put into a {type(cache).__name__}")
 

@@ -129,6 +129,23 @@ PATHS: Dict[str, FastPath] = {
             "nets.rnnt.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
             "always in a live frame",
         ),
+        FastPath(
+            "offline.encoder",
+            "offline generation's listening as one encoder pass over the whole input (with its "
+            "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
+            "greedy symbols of its output after the loop (nets.rnnt.greedy_decode, on the host: "
+            "a blank costs one joint, where the step's device decoder runs max_symbols steps)",
+            "the frame step's listening: each frame's mel window on the encoder's context and "
+            "its RNNT symbols",
+            "runtime.generate, always",
+        ),
+        FastPath(
+            "offline.codec",
+            "offline generation's speech decoded by one codec pass over all code frames after "
+            "the loop (the same codes; the audio within 1e-6 of the streamed codec's)",
+            "the frame step's codec frame (AudioCodec.decode_step), the stream's delay removed",
+            "runtime.generate, always",
+        ),
     )
 }
 

@@ -29,22 +29,24 @@ from ..nets.caches import cache_arrays
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
 from .framestate import NO_ID, FrameState, grow_chain, open_live, open_state, state_ready
-from .live import ReadLayout, queue_frame, read
-from .request import check_extra_seconds, resolve
-from .step import prefill
+from .request import Request, check_extra_seconds, resolve
+from .step import ReadLayout, prefill, read, step
 from .threads import note_mlx_thread
 from .tools import ToolError, tool_result_ids
+
+#: A conversation's options (``SessionBatch.open``, ``Session``, ``model.session``).
+SESSION_OPTIONS = ("seed", "noise", "prompt", "tools", "max_seconds")
 
 
 class SessionHandle:
     """One conversation of a :class:`SessionBatch`: the input side of a session. Use it (and
     its batch) from one thread at a time, any thread."""
 
-    def __init__(self, batch: "SessionBatch", request):
+    def __init__(self, batch: "SessionBatch", system_prompt: Optional[str] = None, **options):
         self.batch = batch
         model = batch.model
         cfg = model.config
-        self.request = request
+        self.request = request = batch.request(system_prompt, **options)
         self.prompt_ids = request.prompt_ids
         self.tools = request.tools
         self.seed = request.seed
@@ -57,6 +59,7 @@ class SessionHandle:
         self.book = EventBook(model, request.parser)
         self._closed = False
         self._start()
+        batch.admit(self)
 
     def _start(self) -> None:
         model = self.batch.model
@@ -72,8 +75,8 @@ class SessionHandle:
         self.frames = 0  # frames handed out
         self.queued = 0  # frames queued on the device
         self._finished: Optional[str] = None  # why the conversation stopped taking input
-        self._input_ended = False
-        self._remainder = False  # finish() made no frame: hand out the stream's end alone
+        self.input_ended = False  # finish() was called (its frames may not have run yet)
+        self.remainder_due = False  # finish() made no frame: hand out the stream's end alone
 
     # -- state -----------------------------------------------------------------------------
 
@@ -87,7 +90,7 @@ class SessionHandle:
         (see ``_start``); :meth:`SessionBatch.prefill` grows it."""
         return self._opening
 
-    def _open_some(self, steps: int) -> None:
+    def open_some(self, steps: int) -> None:
         """Grow the seed's prompt chain by up to ``steps`` steps toward this prompt's length;
         once it is long enough, make the state."""
         model = self.batch.model
@@ -96,7 +99,7 @@ class SessionHandle:
             self.state = open_live(model, open_state(model, self.request))
             self._opening = False
             if self._quiet:
-                self.state.flags.cache[0] = mx.array([True])
+                self.state.flags.quiet = mx.array([True])
 
     @property
     def closed(self) -> bool:
@@ -105,6 +108,10 @@ class SessionHandle:
     @property
     def finished(self) -> Optional[str]:
         return self._finished
+
+    def end(self, reason: str) -> None:
+        """Stop taking input; :attr:`finished` says ``reason`` ("finished", "max_seconds")."""
+        self._finished = reason
 
     @property
     def speaking(self) -> bool:
@@ -170,7 +177,7 @@ class SessionHandle:
             raise SessionError(
                 f"the session has ended ({self._finished}); call reset() to start a new conversation"
             )
-        if self._input_ended:
+        if self.input_ended:
             raise SessionError("the input has ended (finish() was called); call reset() to start again")
 
     # -- input -----------------------------------------------------------------------------
@@ -199,9 +206,9 @@ class SessionHandle:
         self.audio.drain_resamplers()
         self.audio.push_silence(pad)
         self.audio.mel.finish()
-        self._input_ended = True
+        self.input_ended = True
         if self.audio.mel.ready == 0 and self.frames and self.queued == self.frames:
-            self._remainder = True
+            self.remainder_due = True
 
     # -- control -----------------------------------------------------------------------------
 
@@ -209,7 +216,10 @@ class SessionHandle:
         """Barge-in: from the next frame the text channel is fed the silence id (so nothing is
         spoken) until the model starts a new turn (its text head gives BOS)."""
         self._check_open()
-        self.batch._set_quiet(self)
+        if self._opening:
+            self._quiet = True  # for the state once it is made
+        else:
+            self.batch.set_quiet(self)
 
     def force(self, text_id: Optional[int] = None, function_id: Optional[int] = None) -> None:
         """Queue ids to feed back on the next frame instead of the heads' (None: the head's)."""
@@ -235,13 +245,12 @@ class SessionHandle:
     def reset(self) -> None:
         """Back to the state right after the system prompt (a new conversation)."""
         self._check_open()
-        self.batch._leave(self)
+        self.batch.leave(self)
         self._start()
 
     def close(self) -> None:
         if not self._closed:
-            self.batch._leave(self)
-            self.batch._handles.remove(self)
+            self.batch.leave(self, close=True)
         self._closed = True
         self.state = None
 
@@ -271,30 +280,28 @@ class SessionBatch:
     def sessions(self) -> List[SessionHandle]:
         return list(self._handles)
 
-    def open(
-        self,
-        system_prompt: Optional[str] = None,
-        *,
-        seed: int = 0,
-        noise=None,
-        prompt=None,
-        tools=None,
-        max_seconds=None,
-    ) -> SessionHandle:
-        """A new conversation; it joins at its first frame. A SessionError past ``max_sessions``."""
+    def open(self, system_prompt: Optional[str] = None, **options) -> SessionHandle:
+        """A new conversation; it joins at its first frame. A SessionError past ``max_sessions``.
+        ``options``: ``seed`` (0), ``noise``, ``prompt`` (ids instead of ``system_prompt``),
+        ``tools``, ``max_seconds`` (see ``runtime.request.resolve``)."""
+        return SessionHandle(self, system_prompt, **options)
+
+    def request(self, system_prompt: Optional[str] = None, **options) -> Request:
+        """A new conversation's options, checked, if the batch has room for it."""
         if len(self._handles) >= self.max_sessions:
             raise SessionError(f"the batch holds its {self.max_sessions} sessions; close one first")
+        for name in set(options) - set(SESSION_OPTIONS):
+            raise SessionError(f"a session has no option {name!r}: {', '.join(SESSION_OPTIONS)}")
         note_mlx_thread()
-        request = resolve(
-            self.model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise,
-            max_seconds=max_seconds,
-        )
+        request = resolve(self.model, system_prompt, **options)
         codec = self.model.tts_model.audio_codec
         codec.prepare_fast_step()  # so that no frame makes its own host sync for it
-        handle = SessionHandle(self, request)
+        return request
+
+    def admit(self, handle: SessionHandle) -> None:
+        """Take ``handle`` (made on :meth:`request`'s options) into the batch."""
         self._handles.append(handle)
         self._settle()
-        return handle
 
     def feed(self, chunks: Dict[SessionHandle, Any], sample_rate: Optional[int] = None):
         """``push`` each conversation's samples, then :meth:`step`."""
@@ -312,7 +319,11 @@ class SessionBatch:
         self._rows.append(handle)
         handle.state = None
 
-    def _leave(self, handle: SessionHandle) -> None:
+    def leave(self, handle: SessionHandle, close: bool = False) -> None:
+        """Take ``handle``'s rows out of the batch's frame state (and the handle out of the
+        batch, with ``close``)."""
+        if close:
+            self._handles.remove(handle)
         if handle in self._rows:
             keep = [i for i, h in enumerate(self._rows) if h is not handle]
             self._rows = [self._rows[i] for i in keep]
@@ -321,14 +332,12 @@ class SessionBatch:
             else:
                 self._state = None
 
-    def _set_quiet(self, handle: SessionHandle) -> None:
-        if handle._opening:
-            handle._quiet = True
-            return
+    def set_quiet(self, handle: SessionHandle) -> None:
+        """Start a barge-in on ``handle``'s row from its next frame."""
         state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
-        quiet = mx.array(state.flags.cache[0])
+        quiet = mx.array(state.flags.quiet)
         quiet[i] = True
-        state.flags.cache[0] = quiet
+        state.flags.quiet = quiet
 
     # -- prompts in slices -------------------------------------------------------------------
 
@@ -347,8 +356,8 @@ class SessionBatch:
         h = self.prefilling
         if h is None:
             return 0
-        if h._opening:
-            h._open_some(rows if steps is None else steps)
+        if h.opening:
+            h.open_some(rows if steps is None else steps)
             return h.prefill_rows
         rows = max(1, min(int(rows), h.prefill_rows - self.join_rows))
         prefill(self.model, h.state, rows)
@@ -381,10 +390,10 @@ class SessionBatch:
         if held is not None:
             self._hand_out(held, events)
         for h in list(self._handles):
-            if h._remainder:
+            if h.remainder_due:
                 events[h].append(self._remainder(h))
             if h.finished is not None:
-                self._leave(h)
+                self.leave(h)
         self._settle()
         return events
 
@@ -407,14 +416,19 @@ class SessionBatch:
             idx = [self._rows.index(h) for h in joined]
             part = self._state.take(idx)
             self._set_forced(part, joined, entries)
-            packed.append(queue_frame(self.model, part, [h.audio.mel.window() for h in joined], self.layout))
+            windows = [h.audio.mel.window() for h in joined]
+            packed.append(self._frame(part, windows))
             self._state.put(idx, part)
         for h in fresh:
             self._set_forced(h.state, [h], entries)
-            packed.append(queue_frame(self.model, h.state, [h.audio.mel.window()], self.layout))
+            packed.append(self._frame(h.state, [h.audio.mel.window()]))
             self._join(h)
         words = packed[0] if len(packed) == 1 else mx.concatenate(packed, axis=0)
         return words, entries
+
+    def _frame(self, state: FrameState, windows) -> mx.array:
+        """The frame step on ``state``'s rows; its words, not read yet."""
+        return step(self.model, state, windows, layout=self.layout, split_head=True).words
 
     def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries: list) -> None:
         texts, functions = [], []
@@ -425,12 +439,12 @@ class SessionBatch:
             h.queued += 1
             ends = h.queued >= h.max_frames
             if ends:
-                h._finished = "max_seconds"
-            tail = ends or (h._input_ended and h.audio.mel.ready == 1)  # its window is next
+                h.end("max_seconds")
+            tail = ends or (h.input_ended and h.audio.mel.ready == 1)  # its window is next
             entries.append((h, Queued(h.queued - 1, forced, injected, ends, tail)))
         if any(t != NO_ID for t in texts) or any(f != NO_ID for f in functions):
-            state.flags.cache[1] = mx.array(texts, dtype=mx.int32)
-            state.flags.cache[2] = mx.array(functions, dtype=mx.int32)
+            state.flags.force_text = mx.array(texts, dtype=mx.int32)
+            state.flags.force_function = mx.array(functions, dtype=mx.int32)
 
     def _hand_out(self, held, events) -> None:
         words, entries = held
@@ -440,12 +454,12 @@ class SessionBatch:
                 continue
             events.setdefault(h, []).append(h.book.event(q, self.layout.unpack(row)))
             h.frames += 1
-            if q.tail and h._finished is None:
-                h._finished = "finished"
+            if q.tail and h.finished is None:
+                h.end("finished")
 
     def _remainder(self, h: SessionHandle) -> FrameEvent:
-        h._remainder = False
-        h._finished = "finished"
+        h.remainder_due = False
+        h.end("finished")
         codec = self._state.codec.extract(self._rows.index(h)) if h.joined else h.state.codec
         tail = self.model.tts_model.audio_codec.decode_flush(codec)[0].astype(mx.float32)
         return h.book.remainder(h.frames - 1, read(mx.view(tail, mx.int32)).view(np.float32))

@@ -11,7 +11,8 @@ batch, :meth:`FrameState.extract` / :meth:`FrameState.filter` split it again and
 :meth:`FrameState.extend` adds to it, bit for bit. :func:`open_state` makes one
 conversation's (a single row).
 
-The one step that advances it is :func:`mlx_voicechat.runtime.step.step`.
+The one step that advances it is :func:`mlx_voicechat.runtime.step.step` (the speech over a
+prompt's positions, here, is that step's :func:`~mlx_voicechat.runtime.step.speak`).
 """
 
 from __future__ import annotations
@@ -24,47 +25,96 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import ArraysCache
 
-from ..nets.caches import RowCaches, arrays_cache, cache_arrays, merge_rows, put_rows, take_rows
+from ..nets.caches import NamedArrays, RowCaches, cache_arrays, merge_rows, put_rows, take_rows
 from ..nets.derived import derived
 from ..noise import NoiseSource, RowNoise
 from .promptchain import PromptChain
 from .request import Request
+from .step import NO_ID, speak
 from .threads import note_mlx_thread
 
-NO_ID = -1  # a forced-id flag that forces nothing
 _SNAPSHOTS_MAX = 4
 _CHAINS_MAX = 2  # prompt chains kept (seeds)
 _snapshot_lock = threading.Lock()
 PROMPT_STATES = {"hit": 0, "miss": 0}  # opens that found their post-prompt state kept, or not
 
 
-def _cache(required: bool = False):
+def _cache():
     """A field of the tree of caches (a cache, a list of caches, or None where absent)."""
-    meta = {"cache": True}
-    return field(metadata=meta) if required else field(default=None, metadata=meta)
+    return field(default=None, metadata={"cache": True})
+
+
+class LastIds(NamedArrays):
+    """The last frame's ``[text, function]`` ids ``[B, 2]`` and the TTS's code frame ``[B, Q]``."""
+
+    SLOTS = ("ids", "code")
+
+
+class Flags(NamedArrays):
+    """The barge-in ``[B]`` bool (the text channel is fed silence until the model gives BOS),
+    and the text and function ids forced on the next frame ``[B]`` (:data:`NO_ID`: the head's)."""
+
+    SLOTS = ("quiet", "force_text", "force_function")
+
+    @classmethod
+    def start(cls) -> "Flags":
+        none = mx.full((1,), NO_ID, mx.int32)
+        return cls.of(mx.zeros((1,), dtype=mx.bool_), none, none)
+
+
+class RNNTState(NamedArrays):
+    """The RNNT prediction network's state after each row's last token: ``h`` and ``c``
+    ``[layers, B, H]``, as its step takes them (rows along axis 1), and its projection
+    ``pred`` ``[B, J]``."""
+
+    SLOTS = ("h", "c", "pred")
+
+    @property
+    def batch_size(self) -> int:
+        return self.pred.shape[0]
+
+    def filter(self, keep) -> None:
+        self.cache = self.take_rows(keep).cache
+
+    def extend(self, other: "RNNTState") -> None:
+        self.cache = self.merge([self, other]).cache
+
+    def extract(self, idx: int) -> "RNNTState":
+        return self.of(self.h[:, idx : idx + 1], self.c[:, idx : idx + 1], self.pred[idx : idx + 1])
+
+    @classmethod
+    def merge(cls, caches) -> "RNNTState":
+        rows = [[c.h for c in caches], [c.c for c in caches], [c.pred for c in caches]]
+        return cls.of(*[mx.concatenate(r, axis=1 if k < 2 else 0) for k, r in enumerate(rows)])
+
+    def take_rows(self, idx) -> "RNNTState":
+        rows = mx.array(list(idx), dtype=mx.int32)
+        return self.of(self.h[:, rows], self.c[:, rows], self.pred[rows])
+
+    def put_rows(self, idx, part: "RNNTState") -> None:
+        rows = mx.array(list(idx), dtype=mx.int32)
+        h, c, pred = mx.array(self.h), mx.array(self.c), mx.array(self.pred)  # new objects
+        h[:, rows], c[:, rows], pred[rows] = part.h, part.c, part.pred
+        self.cache = [h, c, pred]
 
 
 @dataclass
 class FrameState:
-    """The state of ``B`` conversations (rows) between frames.
+    """The state of ``B`` conversations (rows) between frames: the parts a stage of the step
+    reads (no ``llm``: transcription only; no ``encoder``: frames heard already; no ``codec``:
+    codes left undecoded). ``position``: each row's next timeline position. ``prefix``: a
+    fresh conversation's prompt rows ``[1, P, H]``, prefilled with its first frame."""
 
-    ``ids``: the last frame's ``[text, function]`` ids ``[B, 2]``, its text id ``[B]`` and the
-    TTS's previous code frame ``[B, Q]``. ``flags``: barge-in ``[B]`` (the text channel is fed
-    silence until the model gives BOS), and the ids forced on the next frame ``[B]`` twice
-    (:data:`NO_ID`: the head's). ``position``: each row's next timeline position. ``prefix``:
-    a fresh conversation's prompt rows ``[1, P, H]``, prefilled with its first frame."""
-
-    llm: List[Any] = _cache(required=True)
-    tts: List[RowCaches] = _cache(required=True)
-    ids: ArraysCache = _cache(required=True)
-    flags: ArraysCache = _cache(required=True)
-    noise: RowNoise = _cache(required=True)
-    position: List[int]
+    llm: Optional[List[Any]] = _cache()
+    tts: Optional[List[RowCaches]] = _cache()
+    last: Optional[LastIds] = _cache()
+    flags: Optional[Flags] = _cache()
+    noise: Optional[RowNoise] = _cache()
+    position: List[int] = field(default_factory=lambda: [0])
     prefix: Optional[mx.array] = None
     encoder: Optional[RowCaches] = _cache()
-    rnnt: Optional[ArraysCache] = _cache()
+    rnnt: Optional[RNNTState] = _cache()
     codec: Optional[Any] = _cache()
     frames: List[int] = field(default_factory=list)  # audio frames each row has run
 
@@ -260,14 +310,12 @@ def start_state(model, request: Request, noise: NoiseSource, progress=None) -> F
     tts = speech.tts_model
     latent = speech.audio_prompt_latents[cfg.speaker]
     previous, tts_cache = tts.warmup(latent, warmup_codes(model), tts.make_cache())
-    if prompt:
-        silence = speech.codec_silence_tokens
-        for i in range(1, len(prompt)):  # position 0 is never spoken
-            previous, tts_cache = tts.step(pad, previous, tts_cache, noise, silence)
-            mx.async_eval(previous)
-            if progress is not None:
-                progress(i, len(prompt) - 1)
-    return _state(model, request, previous, tts_cache, noise)
+    state = _state(model, request, previous, tts_cache, noise)
+    for i in range(1, len(prompt)):  # position 0 is never spoken
+        mx.async_eval(speak(model, state, pad))
+        if progress is not None:
+            progress(i, len(prompt) - 1)
+    return state
 
 
 def chain_state(model, request: Request, progress=None) -> FrameState:
@@ -284,12 +332,8 @@ def _state(model, request: Request, previous, tts_cache, noise) -> FrameState:
     return FrameState(
         llm=model.stt_model.llm.make_cache(),
         tts=tts_cache,
-        ids=arrays_cache(
-            mx.array([[pad, pad]], dtype=mx.int32), mx.array([pad], dtype=mx.int32), previous
-        ),
-        flags=arrays_cache(
-            mx.zeros((1,), dtype=mx.bool_), mx.full((1,), NO_ID, mx.int32), mx.full((1,), NO_ID, mx.int32)
-        ),
+        last=LastIds.of(mx.array([[pad, pad]], dtype=mx.int32), previous),
+        flags=Flags.start(),
         noise=RowNoise([noise]),
         position=[len(request.prompt_ids)],
         prefix=_prefix(model, request.prompt_ids),
@@ -348,9 +392,13 @@ def open_live(model, state: FrameState) -> FrameState:
     prediction state (before its first token) and the codec's decode state."""
     stt = model.stt_model
     state.encoder = RowCaches([stt.perception.encoder.make_cache()])
-    h, c, pred = model.rnnt_frames.start()
-    state.rnnt = arrays_cache(h.swapaxes(0, 1), c.swapaxes(0, 1), pred)
+    state.rnnt = start_rnnt(model)
     state.codec = model.tts_model.audio_codec.make_decode_cache()
     return state
 
 
+
+
+def start_rnnt(model) -> RNNTState:
+    """The RNNT's prediction state of a stream before its first token."""
+    return RNNTState.of(*model.rnnt_frames.start())

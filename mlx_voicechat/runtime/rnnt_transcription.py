@@ -2,11 +2,11 @@
 
 The same interface as :class:`~mlx_voicechat.runtime.asr_session.TranscriptionSession`
 (``feed`` / ``finish`` -> per-frame :class:`TranscriptEvent` s), so a server offers
-transcription sessions on either kind of checkpoint. Each 80 ms frame runs the live path's
-listening pieces without the LLM or the speech: the mel window (``nets.mel.MelStream``; frame
-``k`` is final with sample ``1280 k + 199``), the encoder on its left context, and the frame's
-greedy RNNT symbols on the device (``nets.rnnt.FrameDecoder``), one read per frame; the tokens
-equal ``model.transcribe`` on the same samples.
+transcription sessions on either kind of checkpoint. Each 80 ms frame is the one frame step
+(``runtime.step``) on a frame state without the LLM or the speech: the mel window
+(``nets.mel.MelStream``; frame ``k`` is final with sample ``1280 k + 199``), the encoder on its
+left context, and the frame's greedy RNNT symbols on the device (``nets.rnnt.FrameDecoder``),
+one read per frame; the tokens equal ``model.transcribe`` on the same samples.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
+from ..nets.caches import RowCaches
 from .asr_events import (
     TranscriptEvent,
     TranscriptEvents,
@@ -22,6 +23,8 @@ from .asr_events import (
     close_events,
 )
 from .audioin import AudioIn
+from .framestate import FrameState, start_rnnt
+from .step import ReadLayout, read, step
 
 
 class RNNTTranscription:
@@ -35,13 +38,13 @@ class RNNTTranscription:
         self.forced_language = None
         self._audio = AudioIn(model.stt_model.perception, self.sample_rate, TranscriptionError)
         self._mel = self._audio.mel
-        self._frames = model.rnnt_frames
+        self._layout = ReadLayout(model, think=False, speak=False)
         self.reset()
 
     def reset(self) -> None:
         self._audio.reset()
-        self._encoder = self.model.stt_model.perception.encoder.make_cache()
-        self._h, self._c, self._pred = self._frames.start()
+        encoder = RowCaches([self.model.stt_model.perception.encoder.make_cache()])
+        self._state = FrameState(encoder=encoder, rnnt=start_rnnt(self.model), frames=[0])
         self._events = TranscriptEvents(self.model.rnnt_vocabulary)
         self.language = None
         self.tokens: List[int] = []
@@ -61,24 +64,16 @@ class RNNTTranscription:
         return self._mel.received
 
     def _decode(self) -> List[TranscriptEvent]:
-        """Every frame that is final: the encoder and the frame's symbols, one read each."""
-        stt = self.model.stt_model
-        encoder = stt.perception.encoder
-        dtype = encoder.pre_encode.out.weight.dtype
+        """Every frame that is final: the step without thinking or speaking, one read each."""
         n0 = len(self.tokens)
         while self._mel.ready:
             k = self._mel.frames
-            mel, j = self._mel.window()
-            x, _ = encoder.pre_encode(mel[None].astype(dtype))
-            y, (self._encoder,) = encoder.step_rows(x[:, j : j + 1], [self._encoder])
-            enc = stt.rnnt_joint.project_encoder(y[:, 0])
-            labels, self._h, self._c, self._pred = self._frames(enc, self._h, self._c, self._pred)
-            for token in labels[0].tolist():  # the frame's one read
-                if token != self._frames.blank:
-                    self.tokens.append(token)
-                    self.token_frames.append(k)
+            words = step(self.model, self._state, [self._mel.window()], layout=self._layout).words
+            labels = self._layout.unpack(read(words)[0]).labels  # the frame's one read
+            self.tokens += labels
+            self.token_frames += [k] * len(labels)
             self.reads += 1
-        mx.async_eval(self._h, self._c, self._pred, *self._encoder.arrays(), *self._mel.arrays())
+        mx.async_eval(*self._state.arrays(), *self._mel.arrays())
         events = self._events.complete(self.tokens[n0:], self.token_frames[n0:], self._mel.frames)
         self.language = self._events.language
         return events

@@ -54,6 +54,7 @@ def test_every_fast_path_is_covered():
         "codec.step", "heads.split", "rnnt.frame",
         "asr.chunk",  # tests/asr/test_asr_session.py: compiled chunk against op by op, bit for bit
         "encoder.convs", "asr.mel", "rnnt.lstm_step",
+        "offline.encoder", "offline.codec",  # tests/test_offline_fastpaths.py
     }
     assert set(fastpaths.PATHS) == tested
 

@@ -18,14 +18,14 @@ def test_offline_loop_one_host_sync_per_frame(tiny, sync_count):
     state = _state(tiny, "Hi there.", 0)
     mx.eval(state.arrays(), frames)
     sync_count[0] = 0
-    ids, codes = run_frames(tiny, state, frames)
+    ids, codes, _ = run_frames(tiny, state, frames)
     assert len(ids) == len(codes) == 12
     assert sync_count[0] == 12
 
 
 def test_pipelined_loop_equals_step_by_step(tiny):
     frames = mx.random.normal((1, 10, tiny.config.text_args.hidden_size), key=mx.random.key(2))
-    ids, codes = run_frames(tiny, _state(tiny, "Hi there.", 3), frames)
+    ids, codes, _ = run_frames(tiny, _state(tiny, "Hi there.", 3), frames)
     b = _state(tiny, "Hi there.", 3)
     steps = [step(tiny, b, frames[:, i : i + 1]) for i in range(10)]
     assert ids == [tuple(s.ids[0].tolist()) for s in steps]

@@ -155,10 +155,10 @@ def test_pipelined_loop_without_prompt_equals_unpipelined(tiny_pair, monkeypatch
     def state():
         return open_state(fast, resolve(fast, prompt=[], seed=1))
 
-    a_ids, a_codes = offline.run_frames(fast, state(), frames)
+    a_ids, a_codes, _ = offline.run_frames(fast, state(), frames)
     monkeypatch.setattr(offline, "LOOKAHEAD", 1)
     monkeypatch.setattr(frame_step, "speech_stream", lambda: mx.default_stream(mx.default_device()))
-    b_ids, b_codes = offline.run_frames(fast, state(), frames)
+    b_ids, b_codes, _ = offline.run_frames(fast, state(), frames)
     assert a_ids == b_ids
     for x, y in zip(a_codes, b_codes):
         assert np.array_equal(np.array(x), np.array(y))

@@ -12,9 +12,16 @@ from mlx_voicechat.nets.caches import RowCaches
 from mlx_voicechat.nets.codec_step import CodecDecodeCache
 from mlx_voicechat.nets.encoder import EncoderCache
 from mlx_voicechat.noise import RowNoise
-from mlx_voicechat.runtime.framestate import FrameState, open_live, open_state
-from mlx_voicechat.runtime.live import ReadLayout, queue_frame, read
+from mlx_voicechat.runtime.framestate import (
+    Flags,
+    FrameState,
+    LastIds,
+    RNNTState,
+    open_live,
+    open_state,
+)
 from mlx_voicechat.runtime.request import resolve
+from mlx_voicechat.runtime.step import ReadLayout, read, step
 
 SPECS = [("Be brief.", 3), ("", 5), ("Hello there friend.", 7)]
 
@@ -37,10 +44,11 @@ def _fresh(model, frames=2):
     for row, (prompt, seed) in enumerate(SPECS):
         state = open_live(model, open_state(model, resolve(model, prompt, seed=seed)))
         for t in range(frames):
-            read(queue_frame(model, state, [_window(model, row, t)], layout))
+            read(step(model, state, [_window(model, row, t)], layout=layout, split_head=True).words)
         states.append(state)
-    states[1].flags.cache[0] = mx.array([True])
-    states[2].flags.cache[1:] = [mx.array([7], dtype=mx.int32), mx.array([9], dtype=mx.int32)]
+    states[1].flags.quiet = mx.array([True])
+    states[2].flags.force_text = mx.array([7], dtype=mx.int32)
+    states[2].flags.force_function = mx.array([9], dtype=mx.int32)
     for token, state in enumerate(states):
         _hear(model, state, token)
     return states, layout
@@ -49,17 +57,17 @@ def _fresh(model, frames=2):
 def _hear(model, state, token):
     """The RNNT's prediction state after ``token`` too (as if the frames had emitted it)."""
     rnnt = model.rnnt_frames
-    h, c, _ = state.rnnt.cache
-    out, (h, c) = rnnt.decoder(mx.array([[token]]), (h.swapaxes(0, 1), c.swapaxes(0, 1)))
-    pred = rnnt.joint.project_prediction(out[:, -1])
-    state.rnnt.cache = [h.swapaxes(0, 1), c.swapaxes(0, 1), pred]
+    out, (h, c) = rnnt.decoder(mx.array([[token]]), (state.rnnt.h, state.rnnt.c))
+    state.rnnt.h, state.rnnt.c = h, c
+    state.rnnt.pred = rnnt.joint.project_prediction(out[:, -1])
 
 
 def _run(model, state, rows, t0, n, layout):
     """``n`` frames of ``state`` whose rows are conversations ``rows``, from frame ``t0``."""
     out = []
     for t in range(t0, t0 + n):
-        out.append(read(queue_frame(model, state, [_window(model, r, t) for r in rows], layout)))
+        windows = [_window(model, r, t) for r in rows]
+        out.append(read(step(model, state, windows, layout=layout, split_head=True).words))
     return out
 
 
@@ -160,7 +168,7 @@ KINDS = {
     "llm attention": ("llm", lambda c: isinstance(c, RowCaches), (KVCache,)),
     "llm mamba": ("llm", lambda c: isinstance(c, ArraysCache), (ArraysCache,)),
     "tts backbone": ("tts", None, (KVCache, RotatingKVCache)),
-    "ids": ("ids", None, (ArraysCache,)),
+    "ids": ("last", None, (ArraysCache,)),
     "flags": ("flags", None, (ArraysCache,)),
     "noise": ("noise", None, (RowNoise,)),
     "encoder": ("encoder", None, (EncoderCache,)),
@@ -217,7 +225,9 @@ def test_every_kind_of_cache_has_the_protocol(tiny):
     ``meta_state`` on ours (mlx-lm 0.32's own caches carry everything in ``state``)."""
     states, _ = _fresh(tiny)
     batch = FrameState.merge(states)
-    assert {type(c) for c in batch.caches()} == {RowCaches, ArraysCache, RowNoise, CodecDecodeCache}
+    named = {LastIds, Flags, RNNTState}  # ArraysCaches with named slots
+    kinds = {RowCaches, ArraysCache, RowNoise, CodecDecodeCache} | named
+    assert {type(c) for c in batch.caches()} == kinds
     for c in batch.caches() + batch.encoder.rows:
         for method in ("filter", "extend", "extract", "merge"):
             assert callable(getattr(c, method)), (type(c).__name__, method)

@@ -69,8 +69,8 @@ def test_chain_state_is_the_stepped_state_and_so_are_40_frames(tiny, which):
     prompt = _prompt(n, salt=which)
     chained = tiny.session(prompt=prompt, seed=2)
     stepped = tiny.session(prompt=prompt, noise=KeyNoise(2))  # a caller's source: the steps
-    assert_same_state(chained._handle.state, stepped._handle.state)
-    assert chained._handle.state.noise.sources[0].key.shape == (2,)
+    assert_same_state(chained.state, stepped.state)
+    assert chained.state.noise.sources[0].key.shape == (2,)
     _same_frames(_frames(chained), _frames(stepped), chained, stepped)
 
 
@@ -83,12 +83,12 @@ def test_a_new_prompt_runs_no_tts_step_once_the_chain_is_long_enough(tiny, monke
     assert steps == []
     stepped = tiny.session(prompt=_prompt(60, salt=12), noise=KeyNoise(5))
     assert len(steps) == 59  # a caller's own source steps every spoken prompt position
-    assert_same_state(s._handle.state, stepped._handle.state)
+    assert_same_state(s.state, stepped.state)
 
 
 def test_two_prompts_of_one_length_share_the_tts_state_and_differ_in_llm_rows(tiny):
-    a = tiny.session(prompt=_prompt(30, salt=1), seed=7)._handle.state
-    b = tiny.session(prompt=_prompt(30, salt=2), seed=7)._handle.state
+    a = tiny.session(prompt=_prompt(30, salt=1), seed=7).state
+    b = tiny.session(prompt=_prompt(30, salt=2), seed=7).state
     for x, y in zip(_leaves(a)[:-1], _leaves(b)[:-1]):
         assert not isinstance(x, mx.array) or mx.array_equal(x, y).item()
     assert not mx.array_equal(a.prefix, b.prefix).item()
