@@ -63,7 +63,7 @@ class TranscriptionSession:
         self.factor = 2**model.encoder.pre_encode.sampling_num
         self.chunk = cfg.chunk_frames
         self.frame_samples = cfg.frame_samples
-        self._decoder = GreedyDecoder(model, 1, lean=True)
+        self._decoder = GreedyDecoder(model, 1)
         self._resampler = None
         self._resampler_rate = None
         self.reset()
