@@ -30,8 +30,8 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
 
 from ..config import EncoderConfig
 from . import conv_products, fastpaths
-from .layout import as_matrix
 from .derived import derived
+from .layout import as_matrix, on_cpu
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
 DEFAULT_CHUNK_FRAMES = 256
@@ -60,20 +60,37 @@ class Subsampling(CausalDwStridingSubsampling):
             if isinstance(layer, nn.Conv2d) and layer.weight.shape[1:3] == (1, 1):
                 as_matrix(layer)
 
-    def output_lengths(self, lengths: mx.array) -> mx.array:
+    def stage_lengths(self, lengths) -> List:
+        """Valid lengths after each stride-2 stage (ints or [B] arrays)."""
+        out, pad = [], self.pad_left + self.pad_right - self.kernel_size
         for _ in range(self.sampling_num):
-            lengths = (
-                lengths + self.pad_left + self.pad_right - self.kernel_size
-            ) // self.stride + 1
-        return lengths
+            lengths = (lengths + pad) // self.stride + 1
+            out.append(lengths)
+        return out
 
-    def __call__(self, x: mx.array, lengths: Optional[mx.array] = None):
+    def output_lengths(self, lengths):
+        return self.stage_lengths(lengths)[-1]
+
+    def __call__(self, x: mx.array, lengths: Optional[mx.array] = None, start: int = 0,
+                 masked: bool = False):
+        """``x`` [B, T, n_mels] from mel frame ``start`` -> (frames, output lengths); with
+        ``masked``, zeros past each stage's valid length (NeMo's ``MaskedConvSequential``)."""
+        stages = self.stage_lengths(lengths) if masked and lengths is not None else None
         x = x[..., None]
+        if stages:
+            keep = (start + mx.arange(x.shape[1]))[None, :] < lengths[:, None]
+            x = x * keep[:, :, None, None].astype(x.dtype)
+        stage, scale = 0, 1
         for i, layer in enumerate(self.conv):
             if i in self._strided_idx:
                 pad = (self.pad_left, self.pad_right)
                 x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
             x = conv_products.conv(layer, x)
+            if stages and isinstance(layer, nn.ReLU):
+                scale *= self.stride
+                keep = (start // scale + mx.arange(x.shape[1]))[None, :] < stages[stage][:, None]
+                x = x * keep[:, :, None, None].astype(x.dtype)
+                stage += 1
         b, t, f, c = x.shape
         x = self.out(x.transpose(0, 1, 3, 2).reshape(b, t, c * f))
         return x, None if lengths is None else self.output_lengths(lengths)
@@ -277,7 +294,19 @@ def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, 
 
 
 class FastConformer(nn.Module):
-    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention)."""
+    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention).
+
+    One encoder for both models: :meth:`step` (any frames on a cache; with lengths, padding
+    masked), one compiled steady call (:meth:`steady_layers`: one frame of a VoiceChat stream,
+    a chunk of ``lookahead + 1`` frames of a recognizer stream) and one chunked offline pass
+    (:meth:`encode`). VoiceChat's perception runs the subsampling unmasked and unscaled, as
+    its NeMo checkpoints do; the recognizer (``nets.asr.RecognizerEncoder``) sets
+    ``masked_input``."""
+
+    # NeMo's masks inside the subsampling, and xscaling when the config asks (the recognizer).
+    masked_input = False
+    # The fast path of a steady call, and whether it is taken on the CPU only.
+    steady_path, steady_cpu_only = "encoder.frame", True
 
     def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
         super().__init__()
@@ -296,96 +325,114 @@ class FastConformer(nn.Module):
             return None
         return (left // (right + 1)) * (right + 1)
 
+    @property
+    def attention_chunk(self) -> int:
+        """Frames per attention chunk (``lookahead + 1``): they become final together."""
+        return self.cfg.att_context_size[1] + 1
+
     def make_cache(self) -> EncoderCache:
         return EncoderCache([LayerCache() for _ in self.layers])
 
     def output_lengths(self, mel_len: mx.array) -> mx.array:
         return self.pre_encode.output_lengths(mel_len)
 
+    def subsample(self, mel: mx.array, start: int = 0, mel_len: Optional[mx.array] = None):
+        """The subsampling convs over ``mel`` [B, T, n_mels] (its first row mel frame
+        ``start``, a multiple of the factor): output frame ``j`` is encoder frame
+        ``start / factor + j``; those reading before the window's start are not valid. With
+        ``masked_input``: zeros past ``mel_len`` at every stage, and NeMo's xscaling
+        (Transformers' ``scale_input``, the frames times sqrt(d_model)) when configured."""
+        sub = self.pre_encode
+        x, _ = sub(mel.astype(sub.out.weight.dtype), mel_len, start, self.masked_input)
+        if self.masked_input and self.cfg.xscaling:
+            x = x * math.sqrt(self.cfg.d_model)
+        return x
+
+    def positions(self, keys: int, dtype) -> list:
+        """Each layer's projected positions for ``keys`` keys (``ContextAttention.positions``)."""
+        pos_emb = self.pos_enc.pos_emb_for(keys, dtype)
+        return [layer.self_attn.positions(pos_emb) for layer in self.layers]
+
+    def _layers(self, x, pos, mask, caches, valid=None):
+        """The layer loop: ``x`` through every layer on its ``LayerCache`` -> (x, new caches)."""
+        new = []
+        for layer, p, c in zip(self.layers, pos, caches):
+            x, c = layer(x, p, mask, c, valid, self.left_context)
+            new.append(c)
+        return x, new
+
     def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
         """Run the layers over subsampled frames ``x`` [B, T, D] that follow ``cache.offset``
-        frames already seen; returns the output and the advanced cache."""
-        if self._steady(x, cache, lengths):
+        frames already seen; returns the output and the advanced cache. With ``lengths`` [B],
+        frames at or past a row's length are padding: masked as keys (so no row attends to
+        its padding through a lookahead) and zeroed where NeMo zeroes them."""
+        if self.steady(x.shape[1], cache, lengths):
             y, (cache,) = self._frame(x, [cache])
             return y, cache
         left, right = self.cfg.att_context_size
-        T = x.shape[1]
-        ctx = cache.layers[0].context
-        mask = None
+        T, ctx = x.shape[1], cache.layers[0].context
+        k0 = cache.offset - ctx
+        mask = valid = None
         if self.cfg.att_context_style == "chunked_limited":
-            mask = context_mask(cache.offset, T, cache.offset - ctx, ctx + T, left, right)
-            mask = mask.astype(x.dtype)
-        pos_emb = self.pos_enc.pos_emb_for(ctx + T, x.dtype)
-        valid = None
+            mask = context_mask(cache.offset, T, k0, ctx + T, left, right)
         if lengths is not None:
+            keys = (k0 + mx.arange(ctx + T))[None, :] < lengths[:, None]  # [B, K]
+            mask = mx.where(keys[:, None, None, :], 0.0 if mask is None else mask, NEG_INF)
             valid = (cache.offset + mx.arange(T))[None, :, None] < lengths[:, None, None]
             valid = valid.astype(x.dtype)
-        new = []
-        for layer, c in zip(self.layers, cache.layers):
-            pos = layer.self_attn.positions(pos_emb)
-            x, c = layer(x, pos, mask, c, valid, self.left_context)
-            new.append(c)
+        if mask is not None:
+            mask = mask.astype(x.dtype)
+        x, new = self._layers(x, self.positions(ctx + T, x.dtype), mask, cache.layers, valid)
         return x, EncoderCache(new, cache.offset + T)
 
-    # --- one frame of a stream ------------------------------------------------------------
+    # --- a steady call of a stream ---------------------------------------------------------
 
-    def _steady(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array]) -> bool:
-        """One frame, no padding, every layer's left context full: from such a frame to the
-        next every shape in :meth:`step` is the same, so it can run compiled (the
-        ``encoder.frame`` fast path). CPU only: the bits of the compiled path are tested
-        against the op-by-op one there."""
-        left = self.left_context
-        if not fastpaths.enabled("encoder.frame") or lengths is not None or x.shape[1] != 1:
+    def steady(self, frames: int, cache: EncoderCache, lengths=None) -> bool:
+        """``frames`` frames within one attention chunk, no padding, every layer's left
+        context full: from such a call to the next at the same phase of the chunk every shape
+        in :meth:`step` (and its mask) is the same, so it can run compiled (the fast path
+        ``steady_path``: a VoiceChat frame, on the CPU only, where the compiled bits are
+        tested against the op-by-op ones; a recognizer chunk)."""
+        left, size = self.left_context, self.attention_chunk
+        if lengths is not None or not left or not fastpaths.enabled(self.steady_path):
             return False
-        if not left:
-            return False
-        if mx.default_device().type != mx.DeviceType.cpu:
+        if cache.offset % size + frames > size or (self.steady_cpu_only and not on_cpu()):
             return False
         return all(c.context == left and c.conv is not None for c in cache.layers)
 
-    def _frame_fn(self, phase: int):
-        """:meth:`step` on a steady frame as a function of ``(x, *positions, *cache arrays)``
-        -> ``(out, *new cache arrays)``: the same operations in the same order.
-
-        The layers' parameters are constants of the trace, and :meth:`_frame` builds the
-        function again when any of them changes (see :mod:`.compiled`). The position
-        projections come in as inputs, so that their per-thread memo keeps working (and a
-        traced memo would hold tracers). Nothing else in it changes from frame to frame: the
-        mask depends on the frame's offset only modulo the chunk (``phase``), one function
-        per phase."""
+    def steady_layers(self, x: mx.array, arrays, phase: int):
+        """:meth:`step`'s layers on a steady call of ``x`` [B, T, D] at ``phase`` of the chunk
+        on ``arrays`` (each layer's positions, then its keys, values, conv) -> ``(out, *new
+        cache arrays)``, the same operations in the same order; the mask, which depends on
+        the offset only through the phase, a constant of the trace."""
         left, right = self.cfg.att_context_size
-        ctx, n = self.left_context, len(self.layers)
-        q0 = phase + (right + 1) * ctx  # an offset with this phase and ctx frames before it
-
-        def run(x, *arrays):
-            pos, caches = arrays[:n], arrays[n:]
-            mask = context_mask(q0, 1, q0 - ctx, ctx + 1, left, right).astype(x.dtype)
-            out = []
-            for i, layer in enumerate(self.layers):
-                x, c = layer(x, pos[i], mask, LayerCache(*caches[3 * i : 3 * i + 3]), None, ctx)
-                out += [c.keys, c.values, c.conv]
-            return (x, *out)
-
-        return mx.compile(run)
+        ctx, n, T = self.left_context, len(self.layers), x.shape[1]
+        q0 = phase + self.attention_chunk * ctx  # an offset at this phase, ctx frames in
+        mask = context_mask(q0, T, q0 - ctx, ctx + T, left, right).astype(x.dtype)
+        caches = [LayerCache(*arrays[n + 3 * i : n + 3 * i + 3]) for i in range(n)]
+        x, new = self._layers(x, arrays[:n], mask, caches)
+        return (x, *[a for c in new for a in (c.keys, c.values, c.conv)])
 
     def _frame(self, x: mx.array, caches: Sequence[EncoderCache]):
-        """:meth:`step` on a steady frame of each row of ``x`` ``[B, 1, D]`` (each row's cache
-        steady, all at one phase of the chunk; see :meth:`_steady`) as one compiled call: the
-        graph is built by Python once and its elementwise runs fuse. Bit-identical to the
-        op-by-op path on each row alone (tested)."""
-        phase = caches[0].offset % (self.cfg.att_context_size[1] + 1)
-        convs = fastpaths.enabled("encoder.convs")
-        fn = derived(self, ("encoder.frame", phase), lambda: self._frame_fn(phase), convs)
-        pos_emb = self.pos_enc.pos_emb_for(self.left_context + 1, x.dtype)
-        pos = [layer.self_attn.positions(pos_emb) for layer in self.layers]
+        """:meth:`step` on a steady call of each row of ``x`` ``[B, T, D]`` (all at one phase)
+        as one compiled :meth:`steady_layers`, its weights constants of the trace (rebuilt
+        when they change, :mod:`.derived`), the position projections inputs (their memo is
+        per thread). Bit-identical to the op-by-op path on each row alone (tested)."""
+        phase, T = caches[0].offset % self.attention_chunk, x.shape[1]
+        fn = derived(
+            self,
+            ("encoder.frame", phase),
+            lambda: mx.compile(lambda x, *a: self.steady_layers(x, a, phase)),
+            fastpaths.enabled("encoder.convs"),
+        )
         per_row = [c.arrays() for c in caches]
         arrays = per_row[0] if len(caches) == 1 else [mx.concatenate(a, axis=0) for a in zip(*per_row)]
-        x, *arrays = fn(x, *pos, *arrays)
+        x, *arrays = fn(x, *self.positions(self.left_context + T, x.dtype), *arrays)
         out = []
         for b, c in enumerate(caches):
             mine = arrays if len(caches) == 1 else [a[b : b + 1] for a in arrays]
             layers = [LayerCache(*mine[i : i + 3]) for i in range(0, len(mine), 3)]
-            out.append(EncoderCache(layers, c.offset + 1))
+            out.append(EncoderCache(layers, c.offset + T))
         return x, out
 
     def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
@@ -393,10 +440,10 @@ class FastConformer(nn.Module):
         own cache. Rows whose contexts are full run together (compiled); rows still filling
         their contexts run together with the rows at their offset (the same shapes), each
         group's caches merged for the call and split again."""
+        phase = caches[0].offset % self.attention_chunk
         steady = [
             i for i, c in enumerate(caches)
-            if self._steady(x[i : i + 1], c, None)
-            and c.offset % (self.cfg.att_context_size[1] + 1) == caches[0].offset % (self.cfg.att_context_size[1] + 1)
+            if self.steady(1, c) and c.offset % self.attention_chunk == phase
         ]
         outs: List[Optional[mx.array]] = [None] * len(caches)
         new: List[Optional[EncoderCache]] = [None] * len(caches)
@@ -420,34 +467,36 @@ class FastConformer(nn.Module):
         y = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         return y, new
 
-    def __call__(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
-        """``mel`` [B, T_mel, n_mels] -> (encoded [B, T', d_model], lengths [B])."""
-        B, T_mel, _ = mel.shape
-        if mel_len is None:
-            mel_len = mx.full((B,), T_mel, dtype=mx.int32)
-        lengths = self.output_lengths(mel_len.astype(mx.int32))
-        mel = mel.astype(
-            self.pre_encode.out.weight.dtype
-        )  # the mel is float32, the weights may not be
-        factor = 2**self.pre_encode.sampling_num
-        total = self.output_lengths(T_mel)
-        chunk = chunk_size or self.chunk_size
-        right = self.cfg.att_context_size[1]
-        if self.left_context is None:
-            chunk = total
-        chunk = max(math.ceil(chunk / (right + 1)) * (right + 1), 1)
+    # --- offline ---------------------------------------------------------------------------
 
+    def encode(self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames=None) -> mx.array:
+        """``mel`` [B, T_mel, n_mels] with ``mel_len`` [B] valid frames -> the first ``total``
+        encoder frames [B, total, D], chunk by chunk (``chunk_frames``, default
+        ``chunk_size``, rounded up to whole attention chunks; one chunk when the encoder
+        cannot be chunked) on a left-context cache, so memory grows linearly with the input."""
+        factor = 2**self.pre_encode.sampling_num
+        lengths = self.output_lengths(mel_len)
+        size = self.attention_chunk
+        chunk = total if self.left_context is None else (chunk_frames or self.chunk_size)
+        chunk = max(math.ceil(chunk / size) * size, size)
         cache, outs = self.make_cache(), []
         for k0 in range(0, total, chunk):
             k1 = min(k0 + chunk, total)
             s = max(k0 - PRE_ENCODE_CONTEXT, 0)
-            last = k1 == total
-            x, _ = self.pre_encode(mel[:, s * factor : None if last else k1 * factor])
-            x = x[:, k0 - s : k1 - s]
-            x, cache = self.step(x, cache, lengths)
+            # Frame k reads mel frames up to factor * k (causal subsampling).
+            x = self.subsample(mel[:, s * factor : (k1 - 1) * factor + 1], s * factor, mel_len)
+            x, cache = self.step(x[:, k0 - s : k1 - s], cache, lengths)
             if total > chunk:
                 mx.eval(x, *cache.arrays())
             outs.append(x)
-        return (mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]), lengths
+        return mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
-
+    def __call__(self, mel: mx.array, mel_len: Optional[mx.array] = None, chunk_size=None):
+        """``mel`` [B, T_mel, n_mels] -> (encoded [B, T', d_model] over the padded width,
+        lengths [B])."""
+        B, T_mel, _ = mel.shape
+        if mel_len is None:
+            mel_len = mx.full((B,), T_mel, dtype=mx.int32)
+        mel_len = mel_len.astype(mx.int32)
+        total = self.output_lengths(T_mel)
+        return self.encode(mel, mel_len, total, chunk_size), self.output_lengths(mel_len)

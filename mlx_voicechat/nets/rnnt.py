@@ -5,10 +5,12 @@ The greedy loop follows NeMo's ``GreedyRNNTInfer`` token for token and, like Ten
 runtime, never reruns the prediction network on a blank: its output for the current token is
 kept until a non-blank is emitted, so it runs exactly (emitted tokens + 1) times.
 
-A live frame decodes its encoder frame on the device instead (:func:`frame_greedy`, the
-``rnnt.frame`` fast path): the same rule unrolled to ``max_symbols`` steps, every row of a
-batch with its own prediction state, each step's prediction adopted only where it emitted, so
-the frame's tokens come out with the frame and no host read is needed between symbols.
+Every other path decodes on the device with one function, :func:`greedy_step` (the rule
+for a batch, every row with its own cursor and prediction state, each step's prediction
+adopted only where it emitted): a live frame unrolls it to ``max_symbols`` steps over its one
+encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the frame's tokens
+come out with the frame and no host read is needed between symbols; the recognizer queues
+calls over windows of frames and reads them in rounds (``runtime.asr_greedy``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .derived import derived
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
 LOOKAHEAD_FRAMES = 16
+NO_TOKEN = -1  # greedy_step's token where a row emitted none
 SPECIAL_PIECES = frozenset({"<unk>", "<pad>", "<s>", "</s>"})
 LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
@@ -128,26 +131,75 @@ class RNNTJoint(JointNetwork):
         return x
 
 
-def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
-    """Greedy transducer decoding of one encoder frame per row, on the device.
+def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_symbols: int):
+    """One step of the greedy transducer rule (NeMo's, Transformers' batched decoder's) for
+    every row of a batch, on the device.
 
-    ``enc_proj`` ``[B, J]`` (the joint's projection of each row's frame), ``h`` / ``c``
-    ``[layers, B, H]`` (the prediction network's state after each row's last token), ``pred``
-    ``[B, J]`` (its projected output). Returns ``labels`` ``[B, steps]`` (each row's tokens
-    in order, then ``blank``), and the new ``h``, ``c``, ``pred``. At most ``steps`` tokens per
-    frame (``max_symbols``): the frame then advances, as :func:`greedy_decode` does."""
+    ``e`` ``[B, W, J]``: projected encoder frames from each row's cursor ``t`` ``[B]`` on
+    (``length`` ``[B]``: its frames); ``pred`` ``[B, J]`` and ``h`` / ``c`` ``[layers, B, H]``:
+    the prediction network's projected output and state after each row's last token; ``sym``
+    ``[B]``: its tokens at the current frame; ``predict(y [B], (h, c)) -> (output [B, H],
+    (h, c))``: the prediction network's step (``RNNTDecoder.step``). The joint's argmax on a
+    blank advances the cursor and keeps the prediction, so the labels of the next frames are
+    independent and the blank steps up to the window's first non-blank settle at once
+    (``jump``); that token is emitted, the prediction network runs on it and its state is
+    adopted where a row emitted; after ``max_symbols`` tokens at one frame the cursor advances
+    without a step. Returns
+    ``(jump, token or NO_TOKEN, pred, h, c, t, sym)``, each ``[B]`` or as given."""
+    w = mx.arange(e.shape[1], dtype=mx.int32)
+    valid = (t[:, None] + w[None, :]) < length[:, None]
+    labels = mx.argmax(joint.logits(e, pred[:, None, :]), axis=-1).astype(mx.int32)  # [B, W]
+    token = valid & (labels != blank)
+    emit = mx.any(token, axis=-1)
+    j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
+    k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
+    jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
+    t = t + jump
+    sym = mx.where(jump > 0, 0, sym)
+    out, (h2, c2) = predict(mx.where(emit, k, 0), (h, c))
+    pred2 = joint.project_prediction(out)
+    keep = emit[None, :, None]
+    h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
+    pred = mx.where(emit[:, None], pred2, pred)
+    sym = mx.where(emit, sym + 1, sym)
+    forced = emit & (sym >= max_symbols)
+    t = t + forced.astype(mx.int32)
+    sym = mx.where(forced, 0, sym)
+    return jump, mx.where(emit, k, NO_TOKEN), pred, h, c, t, sym
+
+
+def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
+    """The prediction of the start symbol for ``batch`` rows: (projected prediction [B, J],
+    LSTM state (h, c) [layers, B, H]). ``token`` None: a zero input (NeMo's blank-as-pad);
+    the recognizer embeds its blank from a zero state, as Transformers starts its decoder
+    (the embedding's blank row is zero in weights converted from NeMo, the same as a zero
+    input, not in a model fine-tuned with Transformers)."""
+    out, (h, c) = decoder(None if token is None else mx.array([[token]], dtype=mx.int32), None)
+    pred = joint.project_prediction(out[:, -1])
+    tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
+    return tile(pred, 0), (tile(h, 1), tile(c, 1))
+
+
+def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
+    """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
+    ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
+    order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
+    :func:`greedy_decode` does. The prediction network runs as a plain call: the column-major
+    weights of ``RNNTDecoder.step`` (``rnnt.lstm_step``) are made and evaluated at first use,
+    a host sync a live frame must not take."""
+
+    def predict(y, state):
+        out, state = decoder(y[:, None], state)
+        return out[:, -1], state
+
+    one = mx.ones((enc_proj.shape[0],), mx.int32)
+    t = sym = 0 * one
     labels = []
     for _ in range(steps):
-        # A blank leaves the prediction as it is, so every later step of the frame is blank
-        # too: the frame's tokens are its labels up to the first blank.
-        k = mx.argmax(joint.logits(enc_proj, pred), axis=-1).astype(mx.int32)
-        emit = k != blank
-        labels.append(k)
-        out, (h2, c2) = decoder(k[:, None], (h, c))
-        pred2 = joint.project_prediction(out[:, -1])
-        keep = emit[None, :, None]
-        h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
-        pred = mx.where(emit[:, None], pred2, pred)
+        _, k, pred, h, c, t, sym = greedy_step(
+            predict, joint, enc_proj[:, None], pred, h, c, t, sym, one, blank, steps
+        )
+        labels.append(mx.where(k == NO_TOKEN, blank, k))
     return mx.stack(labels, axis=1), h, c, pred
 
 
@@ -168,24 +220,19 @@ class FrameDecoder:
         ``[1, J]`` (the start symbol's prediction)."""
 
         def build():
-            out, (h, c) = self.decoder(None, None)
-            state = (h, c, self.joint.project_prediction(out[:, -1]))
-            mx.eval(*state)
-            return state
+            pred, (h, c) = start_state(self.decoder, self.joint)
+            mx.eval(h, c, pred)
+            return h, c, pred
 
         return derived(self.joint, "rnnt.start", build)
 
     def __call__(self, enc_proj, h, c, pred):
-        if not fastpaths.enabled("rnnt.frame"):
-            return frame_greedy(self.decoder, self.joint, enc_proj, h, c, pred, self.blank, self.steps)
-        fn = derived(
-            self.joint,
-            "rnnt.frame",
-            lambda: mx.compile(
-                lambda e, h, c, p: frame_greedy(self.decoder, self.joint, e, h, c, p, self.blank, self.steps)
-            ),
-            (self.blank, self.steps),
+        run = lambda e, h, c, p: frame_greedy(  # noqa: E731
+            self.decoder, self.joint, e, h, c, p, self.blank, self.steps
         )
+        if not fastpaths.enabled("rnnt.frame"):
+            return run(enc_proj, h, c, pred)
+        fn = derived(self.joint, "rnnt.frame", lambda: mx.compile(run), (self.blank, self.steps))
         return fn(enc_proj, h, c, pred)
 
 

@@ -56,7 +56,7 @@ class TranscriptionSession:
         self._mel = self._audio.mel
         self.chunk = cfg.chunk_frames
         self.frame_samples = cfg.frame_samples
-        self._decoder = GreedyDecoder(model, 1, lean=True)
+        self._decoder = GreedyDecoder(model, 1)
         self.reset()
 
     def reset(self) -> None:

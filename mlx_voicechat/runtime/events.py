@@ -1,6 +1,6 @@
 """What a live conversation hands out per frame, and the host bookkeeping that makes it.
 
-:class:`EventBook` turns each frame's read (``live.FrameRead``) into a :class:`FrameEvent`: the
+:class:`EventBook` turns each frame's read (``step.FrameRead``) into a :class:`FrameEvent`: the
 deltas of the assistant's text, the function channel and the user's words (O(1) per token,
 ``textstream``), the turn marks, tool calls parsed from the function channel and tool results
 waiting to be injected, the ids a caller forces, and what the end of the stream still holds.
@@ -86,7 +86,7 @@ class EventBook:
         return None, None, False, False
 
     def event(self, q: Queued, read) -> FrameEvent:
-        """The event of a frame from its read (``live.FrameRead``)."""
+        """The event of a frame from its read (``step.FrameRead``)."""
         cfg = self.config
         text_id, function_id = read.text_id, read.function_id
         audio = np.concatenate([read.audio, read.tail]) if q.tail else read.audio

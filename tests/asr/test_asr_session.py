@@ -213,7 +213,7 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
 
         return call
 
-    step, scan = asr_greedy.build_step, asr_greedy.build_scan
+    step = asr_greedy.build_step
 
     def live(x):
         calls[0] = 0
@@ -225,7 +225,6 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
         return s, chunks
 
     monkeypatch.setattr(asr_greedy, "build_step", lambda net: counted(step(net)))
-    monkeypatch.setattr(asr_greedy, "build_scan", lambda net: tuple(map(counted, scan(net))))
     reset_derived(asr)  # the shared compiled step, rebuilt counting
     last = asr.joint.joint_net[-1]
     old = {"weight": last.weight, "bias": last.bias}
