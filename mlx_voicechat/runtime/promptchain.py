@@ -44,7 +44,8 @@ def chain_max_bytes() -> int:
 
 
 def _record(cache, tape: list) -> None:
-    """Make ``cache`` note every ``(keys, values)`` it is updated with."""
+    """Make ``cache`` note every ``(keys, values)`` it is updated with, until
+    :func:`_stop_recording`."""
     inner = cache.update_and_fetch
 
     def update_and_fetch(keys, values):
@@ -52,6 +53,15 @@ def _record(cache, tape: list) -> None:
         return inner(keys, values)
 
     cache.update_and_fetch = update_and_fetch
+
+
+def _stop_recording(caches) -> None:
+    """Undo :func:`_record` on ``caches``. The recording makes a reference cycle (the cache
+    holds the wrapper, the wrapper its bound method): left in place, a chain's throw-away
+    caches and their tapes (every recorded key and value) would wait for Python's cyclic
+    garbage collector instead of being freed when the chain is done with them."""
+    for c in caches:
+        c.__dict__.pop("update_and_fetch", None)
 
 
 def _layout(template, sizes: List[int]) -> Tuple[object, mx.array]:
@@ -130,8 +140,11 @@ class PromptChain:
         self._lock = threading.Lock()
         self._templates = [rc.rows[0] for rc in tts.make_cache()]
         tapes = [[] for _ in self._templates]
-        cache = self._taped(copy.deepcopy(self._templates), tapes)
-        previous, _ = tts.warmup(latent, init_codes, cache)
+        taped = copy.deepcopy(self._templates)
+        try:
+            previous, _ = tts.warmup(latent, init_codes, self._taped(taped, tapes))
+        finally:
+            _stop_recording(taped)
         self.warmup_positions = int(tapes[0][0][0].shape[2])
         self._keys = [mx.concatenate([k for k, _ in t], axis=2) for t in tapes]
         self._values = [mx.concatenate([v for _, v in t], axis=2) for t in tapes]
@@ -225,16 +238,20 @@ class PromptChain:
     def _grow(self, target: int, progress, total: int) -> None:
         previous, cache, noise = self._rebuild(self.steps)
         tapes = [[] for _ in cache]
-        for c, tape in zip(cache, tapes):
-            _record(c.rows[0], tape)
+        taped = [c.rows[0] for c in cache]
+        for c, tape in zip(taped, tapes):
+            _record(c, tape)
         codes, keys = [], []
-        for i in range(self.steps, target):
-            previous, cache = self.tts.step(self.pad, previous, cache, noise, self.silence)
-            codes.append(previous)
-            keys.append(noise.key[None])
-            mx.async_eval(previous, noise.key)
-            if progress is not None and i < total:
-                progress(i + 1, total)
+        try:
+            for i in range(self.steps, target):
+                previous, cache = self.tts.step(self.pad, previous, cache, noise, self.silence)
+                codes.append(previous)
+                keys.append(noise.key[None])
+                mx.async_eval(previous, noise.key)
+                if progress is not None and i < total:
+                    progress(i + 1, total)
+        finally:
+            _stop_recording(taped)
         self._keys = [
             mx.concatenate([k] + [a for a, _ in t], axis=2) for k, t in zip(self._keys, tapes)
         ]
