@@ -3,6 +3,8 @@ for bit the state of stepping the TTS over the prompt's positions: every cache, 
 code, the noise key and the frames that follow (text, function, transcript ids and audio), for
 prompts shorter than, as long as, and several times the TTS's sliding window."""
 
+import gc
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -124,6 +126,30 @@ def test_past_its_memory_bound_the_chain_steps_the_rest(tiny):
                 assert x.shape == y.shape and mx.array_equal(x, y).item()
             else:
                 assert x == y
+
+
+def test_a_chain_leaves_no_cache_for_the_cyclic_collector(tiny):
+    """Building and growing a chain records its throw-away caches' updates; once done, those
+    caches (and what they recorded) are freed by reference counting, not left in a reference
+    cycle for Python's cyclic collector (which would hold megabytes per chain until it ran)."""
+    speech, cfg = tiny.tts_model, tiny.config
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        chain = PromptChain(
+            speech.tts_model, speech.audio_prompt_latents[cfg.speaker],
+            framestate.warmup_codes(tiny), speech.codec_silence_tokens, cfg.pad_token_id, 9,
+        )
+        chain.state(12)  # grows the chain
+        del chain
+        gc.collect()
+        stranded = [o for o in gc.garbage if isinstance(o, (KVCache, RotatingKVCache))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert stranded == []
 
 
 @pytest.mark.parametrize("template", [KVCache(), RotatingKVCache(16), RotatingKVCache(300)])
