@@ -29,7 +29,7 @@ import mlx.nn as nn
 
 from ..config.asr import ASRConfig
 from . import fastpaths
-from .derived import derived
+from .derived import compiled, derived
 from .encoder import EncoderCache, FastConformer, LayerCache
 from .mel import recognizer_mel
 from .rnnt import RNNTDecoder, RNNTJoint, start_state
@@ -116,7 +116,7 @@ class RecognizerNetwork(nn.Module):
             x, *caches = enc.steady_layers(enc.subsample(mel)[:, first:last], arrays, 0)
             return (self.joint_frames(x, prompt_ids), *caches)
 
-        return mx.compile(run)
+        return compiled(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
         """The start symbol's prediction for ``batch`` rows: its blank embedded from a zero

@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import _BaseCache
 
 from . import fastpaths
-from .derived import derived
+from .derived import compiled, derived
 
 
 class CodecDecodeCache(_BaseCache):
@@ -221,7 +221,7 @@ class FastStep:
             done = num.shape[1] - overlap
             return (num[:, :done] / envelope, num[:, done:], *new_tails)
 
-        self._fn = mx.compile(step)
+        self._fn = compiled(step)
         return self._fn
 
     def __call__(self, codes: mx.array, cache: "CodecDecodeCache") -> Tuple[mx.array, "CodecDecodeCache"]:

@@ -10,10 +10,14 @@ written in place), call ``reset_derived(model)``.
 
 Not ``mx.compile(fn, inputs=module.state)``: the tables need dropping anyway, and the compiled
 TTS backbone and LLM steps were no faster with their weights as inputs (small model, CPU).
+
+Every function of the package is compiled with :class:`compiled`, once per calling thread.
 """
 
-from typing import Any, Callable, Hashable
+import threading
+from typing import Any, Callable, Dict, Hashable
 
+import mlx.core as mx
 import mlx.nn as nn
 
 
@@ -31,3 +35,29 @@ def reset_derived(model: nn.Module) -> None:
     """Drop every value derived from the weights of ``model`` and its sub-modules."""
     for m in model.modules():
         m.__dict__.pop("_derived", None)
+
+
+class compiled:
+    """``mx.compile(fn, **options)``, made once for each thread that calls it.
+
+    MLX (0.32) keeps compiled traces per thread, keyed by the address of the Python function,
+    and a compiled function, when it dies, erases its traces from the cache of the thread that
+    called it last only. One called from two threads (a model used on the main thread, then by
+    a server's worker) leaves its trace in the first thread's cache; a function made later at
+    the same address, called there with inputs of the same shapes, is handed that trace, whose
+    constants are the dead function's weights: wrong results, no error. Each thread here has a
+    compiled function of its own, called from that thread only, so its erase finds its trace.
+    """
+
+    __slots__ = ("fn", "options", "_threads")
+
+    def __init__(self, fn: Callable, **options):
+        self.fn, self.options = fn, options
+        self._threads: Dict[int, Callable] = {}
+
+    def __call__(self, *args, **kwargs):
+        thread = threading.get_ident()
+        fn = self._threads.get(thread)
+        if fn is None:
+            fn = self._threads[thread] = mx.compile(self.fn, **self.options)
+        return fn(*args, **kwargs)

@@ -30,7 +30,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import (
 
 from ..config import EncoderConfig
 from . import conv_products, fastpaths
-from .derived import derived
+from .derived import compiled, derived
 from .layout import as_matrix, on_cpu
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
@@ -422,7 +422,7 @@ class FastConformer(nn.Module):
         fn = derived(
             self,
             ("encoder.frame", phase),
-            lambda: mx.compile(lambda x, *a: self.steady_layers(x, a, phase)),
+            lambda: compiled(lambda x, *a: self.steady_layers(x, a, phase)),
             fastpaths.enabled("encoder.convs"),
         )
         per_row = [c.arrays() for c in caches]

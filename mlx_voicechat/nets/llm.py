@@ -24,7 +24,7 @@ from mlx_lm.models.ssm import compute_dt
 
 from . import fastpaths
 from .caches import RowCaches
-from .derived import derived
+from .derived import compiled, derived
 
 
 def mamba_step(
@@ -171,7 +171,7 @@ class FusedNemotronH(NemotronHModel):
         def close():
             if run:
                 blocks = list(run)
-                fn = mx.compile(_segment_fn(blocks))
+                fn = compiled(_segment_fn(blocks))
                 plan.append(("run", fn, list(run_caches)))
                 run.clear()
                 run_caches.clear()

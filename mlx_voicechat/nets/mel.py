@@ -33,6 +33,7 @@ import numpy as np
 from ..config import ConfigError, PreprocessorConfig
 from ..errors import SessionError
 from . import fastpaths
+from .derived import compiled
 from .layout import on_cpu
 
 EDGES = ("nemo", "mlx-audio")
@@ -107,7 +108,7 @@ class LogMel:
         self.n_fft, self.hop, self.preemph = cfg.n_fft, cfg.hop_length, cfg.preemph
         self.window, self.fb = window, fb
         self._bands = _bands(np.array(fb)) if banded else None
-        self._banded = mx.compile(self._banded_log) if banded else None
+        self._banded = compiled(self._banded_log) if banded else None
 
     def _banded_log(self, power: mx.array) -> mx.array:
         """``log(power @ fb + guard)`` with the product taken group by group of mel bins over

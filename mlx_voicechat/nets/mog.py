@@ -27,7 +27,7 @@ from ..noise import NoiseSource
 from . import fastpaths
 from .char_encoder import OffsetRMSNorm
 from .layout import keep_row_major, on_cpu
-from .derived import derived
+from .derived import compiled, derived
 
 
 class MLPLayer(nn.Module):
@@ -233,4 +233,4 @@ class CodeSampler:
         def run(h, books, draws):
             return self.sample(h, books, _DrawnNoise(draws))
 
-        return mx.compile(run)
+        return compiled(run)

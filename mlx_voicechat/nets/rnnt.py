@@ -25,7 +25,7 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNe
 from ..config import RNNTDecoderConfig, RNNTJointConfig
 from . import fastpaths
 from .layout import on_cpu
-from .derived import derived
+from .derived import compiled, derived
 
 # Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
 LOOKAHEAD_FRAMES = 16
@@ -232,7 +232,7 @@ class FrameDecoder:
         )
         if not fastpaths.enabled("rnnt.frame"):
             return run(enc_proj, h, c, pred)
-        fn = derived(self.joint, "rnnt.frame", lambda: mx.compile(run), (self.blank, self.steps))
+        fn = derived(self.joint, "rnnt.frame", lambda: compiled(run), (self.blank, self.steps))
         return fn(enc_proj, h, c, pred)
 
 

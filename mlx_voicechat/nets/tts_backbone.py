@@ -27,7 +27,7 @@ from ..config import TTSConfig
 from . import fastpaths
 from .caches import RowCaches
 from .char_encoder import OffsetRMSNorm
-from .derived import derived
+from .derived import compiled, derived
 
 
 def _gemma_args(cfg: TTSConfig) -> gemma3_text.ModelArgs:
@@ -151,7 +151,7 @@ class Backbone(nn.Module):
         def last(h, o):
             return self.norm(_end(layers[-1], h, o))
 
-        return [mx.compile(first)] + [mx.compile(between(i)) for i in range(len(layers) - 1)] + [
-            mx.compile(last)
+        return [compiled(first)] + [compiled(between(i)) for i in range(len(layers) - 1)] + [
+            compiled(last)
         ]
 

@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..nets import fastpaths
-from ..nets.derived import derived
+from ..nets.derived import compiled, derived
 from ..nets.rnnt import NO_TOKEN, greedy_step
 
 WINDOW = 8  # frames whose joint one call evaluates under one prediction (sized rounds)
@@ -65,7 +65,7 @@ def build_step(net):
         index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
         return mx.stack([jump, token], axis=-1), pred, h, c, t, sym, index
 
-    return mx.compile(step)
+    return compiled(step)
 
 
 class GreedyDecoder:
