@@ -7,7 +7,7 @@ mlx-lm's caches offer for that (``state`` for snapshots, ``filter``, ``extend``,
 caches carry in ``state``). Fixed-size state (Mamba, LSTM and flag arrays) is kept as mlx-lm's
 :class:`ArraysCache` with one row per conversation along axis 0; the codec's decode state
 (``nets.codec_step``), the noise sources (``noise.RowNoise``) and the encoder's context
-(``nets.encoder``) are caches of ours with the same protocol.
+(:class:`EncoderCache`, for ``nets.encoder``) are caches of ours with the same protocol.
 
 State that grows with the conversation (attention keys / values) is :class:`RowCaches`: each
 row keeps its own mlx-lm cache, exactly as a conversation alone keeps it, and attention runs
@@ -22,7 +22,8 @@ one it has alone.
 from __future__ import annotations
 
 import copy
-from typing import Any, List, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -225,3 +226,90 @@ def cache_arrays(cache: Any) -> List[mx.array]:
     except Exception:  # an mlx-lm cache that holds nothing yet has no state
         return []
     return [a for _, a in tree_flatten(state) if isinstance(a, mx.array)]
+
+
+@dataclass
+class LayerCache:
+    keys: Optional[mx.array] = None  # [B, heads, <= left context, head_dim], projected
+    values: Optional[mx.array] = None
+    conv: Optional[mx.array] = None  # [B, kernel - 1, D] GLU outputs
+
+    @property
+    def context(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+
+@dataclass
+class EncoderCache:
+    """Left context of every layer after ``offset`` encoder frames, for streams at that one
+    offset (rows along axis 0). Live rows sit at different offsets while their contexts warm
+    up, so a frame state keeps one per row in a :class:`RowCaches`."""
+
+    layers: List[LayerCache]
+    offset: int = 0
+
+    def arrays(self) -> List[mx.array]:
+        return [a for c in self.layers for a in (c.keys, c.values, c.conv) if a is not None]
+
+    def _map(self, fn) -> List[LayerCache]:
+        return [
+            LayerCache(*(None if a is None else fn(a) for a in (c.keys, c.values, c.conv)))
+            for c in self.layers
+        ]
+
+    # -- mlx-lm's batch protocol (rows of one offset) --------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        arrays = self.arrays()
+        return arrays[0].shape[0] if arrays else 1
+
+    def filter(self, batch_indices) -> None:
+        rows = mx.array([int(i) for i in batch_indices], dtype=mx.int32)
+        self.layers = self._map(lambda a: a[rows])
+
+    def extract(self, idx: int) -> "EncoderCache":
+        return EncoderCache(self._map(lambda a: a[idx : idx + 1]), self.offset)
+
+    def extend(self, other: "EncoderCache") -> None:
+        self.layers = EncoderCache.merge([self, other]).layers
+
+    @classmethod
+    def merge(cls, caches: Sequence["EncoderCache"]) -> "EncoderCache":
+        """The rows of caches at one offset (their arrays then have the same shapes)."""
+        offsets = sorted({c.offset for c in caches})
+        if len(offsets) > 1:
+            raise ValueError(
+                f"encoder caches at offsets {offsets} keep their rows apart (in a RowCaches)"
+            )
+        layers = [
+            LayerCache(*(None if p[0] is None else mx.concatenate(p, axis=0) for p in zip(*parts)))
+            for parts in zip(*([(c.keys, c.values, c.conv) for c in e.layers] for e in caches))
+        ]
+        return cls(layers, offsets[0])
+
+    @property
+    def state(self):
+        return [(c.keys, c.values, c.conv) for c in self.layers]
+
+    @state.setter
+    def state(self, v):
+        self.layers = [LayerCache(*kvc) for kvc in v]
+
+    @property
+    def meta_state(self):
+        return str(self.offset)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        self.offset = int(v)
+
+    def empty(self) -> bool:
+        return self.offset == 0
+
+    def size(self) -> int:
+        return self.layers[0].context if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
