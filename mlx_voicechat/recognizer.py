@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple, Union
 
 from .config.asr import AUTO
-from .errors import VoiceChatError
+from .errors import VoiceChatError, is_int
 from .nets.asr import RecognizerNetwork
 from .nets.mel import check_edge
 
@@ -46,8 +46,7 @@ class Recognizer(RecognizerNetwork):
                 )
             return 0, None
         if prompt_id is not None:
-            ok = isinstance(prompt_id, int) and not isinstance(prompt_id, bool)
-            if not ok or not 0 <= prompt_id < p.num_prompts:
+            if not is_int(prompt_id) or not 0 <= prompt_id < p.num_prompts:
                 raise RecognizerError(
                     f"prompt_id must be an integer in [0, {p.num_prompts}), got {prompt_id!r}"
                 )

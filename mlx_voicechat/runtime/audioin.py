@@ -9,14 +9,14 @@ from typing import Dict, Optional
 import mlx.core as mx
 import numpy as np
 
-from ..errors import SessionError
+from ..errors import SessionError, is_int
 from ..nets.mel import MelStream, Resampler
 
 
 def as_samples(samples, sample_rate, error: type = SessionError) -> np.ndarray:
     """Mono audio (int or float PCM) as float32, or one ``error`` naming what is wrong."""
     if sample_rate is not None:
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
+        if not is_int(sample_rate) or sample_rate <= 0:
             raise error(f"sample_rate must be a positive integer, got {sample_rate!r}")
     return mono_float32(samples, error)
 

@@ -18,13 +18,12 @@ conversation run through ``model.session()`` (bit for bit with MLX's CPU BLAS; s
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from ..errors import SessionError
+from ..errors import SessionError, is_int
 from ..nets.caches import cache_arrays
 from .audioin import AudioIn
 from .events import EventBook, FrameEvent, Queued
@@ -189,7 +188,7 @@ class SessionHandle:
 
     def silence(self, frames: int) -> None:
         """Advance the clock by ``frames`` 80 ms frames of silent input."""
-        if isinstance(frames, bool) or not isinstance(frames, numbers.Integral) or frames < 0:
+        if not is_int(frames) or frames < 0:
             raise SessionError(f"silence takes a number of frames >= 0, got {frames!r}")
         self._check_input()
         self.audio.push_silence(int(frames) * self.input_samples_per_frame)
@@ -226,7 +225,7 @@ class SessionHandle:
         self._check_open()
         vocab = self.batch.model.config.text_args.vocab_size
         for v in (text_id, function_id):
-            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < vocab
+            ok = is_int(v) and 0 <= int(v) < vocab
             if v is not None and not ok:
                 raise SessionError(f"forced ids must be ints in [0, {vocab}), got {v!r}")
         self.book.forced.append((text_id, function_id))
@@ -259,7 +258,7 @@ class SessionBatch:
     """Live conversations of one model, stepped together (see the module docstring)."""
 
     def __init__(self, model, max_sessions: int = 8, join_rows: Optional[int] = None):
-        if isinstance(max_sessions, bool) or not isinstance(max_sessions, numbers.Integral) or max_sessions < 1:
+        if not is_int(max_sessions) or max_sessions < 1:
             raise SessionError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         self.model = model
         self.max_sessions = int(max_sessions)

@@ -13,7 +13,6 @@ decodes it). The result holds the three texts, the per-frame ids and codes, and 
 from __future__ import annotations
 
 import functools
-import numbers
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
@@ -21,7 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import mlx.core as mx
 import numpy as np
 
-from ..errors import GenerationError
+from ..errors import GenerationError, is_int
 from ..nets import fastpaths
 from ..nets.caches import RowCaches
 from ..nets.codec import replace_control_codes
@@ -234,11 +233,7 @@ def generate(
     A model runs one call at a time, from any thread."""
     cfg = model.config
     extra_decoding_seconds = check_extra_seconds(extra_decoding_seconds)
-    if max_frames is not None and (
-        isinstance(max_frames, bool)
-        or not isinstance(max_frames, numbers.Integral)
-        or max_frames < 1
-    ):
+    if max_frames is not None and (not is_int(max_frames) or max_frames < 1):
         raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
     request = resolve(model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise)
     frames, heard = _heard(model, audio, extra_decoding_seconds, source_rate, request, max_frames)

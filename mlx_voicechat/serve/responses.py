@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..errors import is_int
 from .items import ItemRecord
 from .wire import (
     FRAME_SECONDS,
@@ -358,7 +359,7 @@ class Responses:
         if not isinstance(item_id, str) or item_id not in sent:
             raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
         end_ms = event.get("audio_end_ms")
-        if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
+        if not is_int(end_ms) or end_ms < 0:
             raise ProtocolError(
                 "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
             )

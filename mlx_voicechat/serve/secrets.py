@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Dict, Optional, Tuple
 
+from ..errors import is_int
+
 PREFIX = "ek_"  # what OpenAI's ephemeral keys start with; a bearer token so named is a secret
 DEFAULT_TTL = 600  # seconds, OpenAI's default (expires_after.seconds)
 MIN_TTL, MAX_TTL = 10, 7200  # seconds, the bounds OpenAI accepts
@@ -119,7 +121,7 @@ def ttl_of(body: dict) -> int:
     if anchor != "created_at":
         raise ValueError('`expires_after.anchor` must be "created_at"')
     seconds = after.get("seconds", DEFAULT_TTL)
-    if isinstance(seconds, bool) or not isinstance(seconds, int):
+    if not is_int(seconds):
         raise ValueError("`expires_after.seconds` must be an integer")
     if not MIN_TTL <= seconds <= MAX_TTL:
         raise ValueError(f"`expires_after.seconds` must be between {MIN_TTL} and {MAX_TTL}")
