@@ -45,8 +45,9 @@ class compiled:
     called it last only. One called from two threads (a model used on the main thread, then by
     a server's worker) leaves its trace in the first thread's cache; a function made later at
     the same address, called there with inputs of the same shapes, is handed that trace, whose
-    constants are the dead function's weights: wrong results, no error. Each thread here has a
-    compiled function of its own, called from that thread only, so its erase finds its trace.
+    constants are the dead function's weights: wrong results, no error (ml-explore/mlx#3940,
+    whose fix in 0.32.1 remembers one thread). Each thread here has a compiled function of its
+    own, called from that thread only, so its erase finds its trace.
     """
 
     __slots__ = ("fn", "options", "_threads")
