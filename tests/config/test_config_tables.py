@@ -1,4 +1,4 @@
-"""The layouts' rename tables (config/layouts.py NEMO, config/asr.py TRANSFORMERS / PROCESSOR)
+"""The layouts' rename tables (config/layouts.py NEMO, config/asr_transformers.py TRANSFORMERS / PROCESSOR)
 read back what they write, at every scale; atomic_folder leaves nothing behind on failure; one
 shape checker words both models' errors."""
 
