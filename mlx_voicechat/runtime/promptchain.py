@@ -21,10 +21,11 @@ kept: a longer prompt starts from the chain's last kept position and steps the r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache
@@ -43,25 +44,27 @@ def chain_max_bytes() -> int:
     return CHAIN_MAX_BYTES if not mb else int(float(mb) * (1 << 20))
 
 
-def _record(cache, tape: list) -> None:
-    """Make ``cache`` note every ``(keys, values)`` it is updated with, until
-    :func:`_stop_recording`."""
-    inner = cache.update_and_fetch
+@contextlib.contextmanager
+def _recording(caches) -> Iterator[List[list]]:
+    """For the block, each of ``caches`` notes every ``(keys, values)`` it is updated with in
+    its tape (one list per cache, yielded). Undone after the block: the recording makes a
+    reference cycle (the cache holds the wrapper, the wrapper its bound method), so left in
+    place a chain's throw-away caches and their tapes (every recorded key and value) would
+    wait for Python's cyclic garbage collector instead of being freed when the chain is done
+    with them."""
+    tapes = [[] for _ in caches]
+    for cache, tape in zip(caches, tapes):
 
-    def update_and_fetch(keys, values):
-        tape.append((keys, values))
-        return inner(keys, values)
+        def update_and_fetch(keys, values, inner=cache.update_and_fetch, tape=tape):
+            tape.append((keys, values))
+            return inner(keys, values)
 
-    cache.update_and_fetch = update_and_fetch
-
-
-def _stop_recording(caches) -> None:
-    """Undo :func:`_record` on ``caches``. The recording makes a reference cycle (the cache
-    holds the wrapper, the wrapper its bound method): left in place, a chain's throw-away
-    caches and their tapes (every recorded key and value) would wait for Python's cyclic
-    garbage collector instead of being freed when the chain is done with them."""
-    for c in caches:
-        c.__dict__.pop("update_and_fetch", None)
+        cache.update_and_fetch = update_and_fetch
+    try:
+        yield tapes
+    finally:
+        for cache in caches:
+            cache.__dict__.pop("update_and_fetch", None)
 
 
 def _layout(template, sizes: List[int]) -> Tuple[object, mx.array]:
@@ -139,12 +142,9 @@ class PromptChain:
         self.max_bytes = chain_max_bytes() if max_bytes is None else int(max_bytes)
         self._lock = threading.Lock()
         self._templates = [rc.rows[0] for rc in tts.make_cache()]
-        tapes = [[] for _ in self._templates]
         taped = copy.deepcopy(self._templates)
-        try:
-            previous, _ = tts.warmup(latent, init_codes, self._taped(taped, tapes))
-        finally:
-            _stop_recording(taped)
+        with _recording(taped) as tapes:
+            previous, _ = tts.warmup(latent, init_codes, [RowCaches([c]) for c in taped])
         self.warmup_positions = int(tapes[0][0][0].shape[2])
         self._keys = [mx.concatenate([k for k, _ in t], axis=2) for t in tapes]
         self._values = [mx.concatenate([v for _, v in t], axis=2) for t in tapes]
@@ -152,12 +152,6 @@ class PromptChain:
         self._noise_keys = KeyNoise(seed).key[None]  # [1 + steps, 2]
         mx.eval(self._keys, self._values, self._previous, self._noise_keys)
         self.steps = 0  # TTS steps run over prompt positions
-
-    @staticmethod
-    def _taped(rows, tapes) -> list:
-        for c, tape in zip(rows, tapes):
-            _record(c, tape)
-        return [RowCaches([c]) for c in rows]
 
     # -- size ------------------------------------------------------------------------------
 
@@ -237,12 +231,8 @@ class PromptChain:
 
     def _grow(self, target: int, progress, total: int) -> None:
         previous, cache, noise = self._rebuild(self.steps)
-        tapes = [[] for _ in cache]
-        taped = [c.rows[0] for c in cache]
-        for c, tape in zip(taped, tapes):
-            _record(c, tape)
         codes, keys = [], []
-        try:
+        with _recording([c.rows[0] for c in cache]) as tapes:
             for i in range(self.steps, target):
                 previous, cache = self.tts.step(self.pad, previous, cache, noise, self.silence)
                 codes.append(previous)
@@ -250,8 +240,6 @@ class PromptChain:
                 mx.async_eval(previous, noise.key)
                 if progress is not None and i < total:
                     progress(i + 1, total)
-        finally:
-            _stop_recording(taped)
         self._keys = [
             mx.concatenate([k] + [a for a, _ in t], axis=2) for k, t in zip(self._keys, tapes)
         ]
