@@ -126,15 +126,15 @@ PATHS: Dict[str, FastPath] = {
             "rnnt.frame",
             "one encoder frame of greedy transducer decoding on the device: up to "
             "max_symbols joint / prediction steps, unrolled and compiled",
-            "nets.rnnt.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
+            "nets.greedy.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
             "always in a live frame",
         ),
         FastPath(
             "offline.encoder",
             "offline generation's listening as one encoder pass over the whole input (with its "
             "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
-            "greedy symbols of its output after the loop (nets.rnnt.greedy_decode, on the host: "
-            "a blank costs one joint, where the step's device decoder runs max_symbols steps)",
+            "greedy symbols of its output after the loop (nets.greedy.greedy_decode: a run of "
+            "blanks costs one call, where the frame step's decoder runs max_symbols steps a frame)",
             "the frame step's listening: each frame's mel window on the encoder's context and "
             "its RNNT symbols",
             "runtime.generate, always",

@@ -1,22 +1,19 @@
-"""Listening path, network 1b: the RNNT transcript head and NeMo's greedy transducer loop.
+"""Listening path, network 1b: the RNNT transcript head and the greedy transducer step.
 
 The prediction and joint networks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr.rnnt``).
-The greedy loop follows NeMo's ``GreedyRNNTInfer`` token for token and, like TensorRT Edge-LLM's
-runtime, never reruns the prediction network on a blank: its output for the current token is
-kept until a non-blank is emitted, so it runs exactly (emitted tokens + 1) times.
-
-Every other path decodes on the device with one function, :func:`greedy_step` (the rule
-for a batch, every row with its own cursor and prediction state, each step's prediction
-adopted only where it emitted): a live frame unrolls it to ``max_symbols`` steps over its one
-encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the frame's tokens
-come out with the frame and no host read is needed between symbols; the recognizer queues
-calls over windows of frames and reads them in rounds (``runtime.asr_greedy``).
+Every path decodes on the device with one function, :func:`greedy_step` (NeMo's
+``GreedyRNNTInfer`` rule for a batch, every row with its own cursor and prediction state, each
+step's prediction adopted only where it emitted): a live frame unrolls it to ``max_symbols``
+steps over its one encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the
+frame's tokens come out with the frame and no host read is needed between symbols; everything
+else (the recognizer, offline transcription) queues calls over windows of frames and reads them
+in rounds (``nets.greedy``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
@@ -27,8 +24,6 @@ from . import fastpaths
 from .layout import on_cpu
 from .derived import compiled, derived
 
-# Encoder frames whose joint logits one host sync covers while the prediction is unchanged.
-LOOKAHEAD_FRAMES = 16
 NO_TOKEN = -1  # greedy_step's token where a row emitted none
 SPECIAL_PIECES = frozenset({"<unk>", "<pad>", "<s>", "</s>"})
 LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
@@ -184,7 +179,7 @@ def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, 
     """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
     ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
     order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
-    :func:`greedy_decode` does. The prediction network runs as a plain call: the column-major
+    ``nets.greedy`` does. The prediction network runs as a plain call: the column-major
     weights of ``RNNTDecoder.step`` (``rnnt.lstm_step``) are made and evaluated at first use,
     a host sync a live frame must not take."""
 
@@ -234,56 +229,6 @@ class FrameDecoder:
             return run(enc_proj, h, c, pred)
         fn = derived(self.joint, "rnnt.frame", lambda: compiled(run), (self.blank, self.steps))
         return fn(enc_proj, h, c, pred)
-
-
-def greedy_decode(
-    decoder,
-    joint: RNNTJoint,
-    encoded: mx.array,
-    length: Optional[int] = None,
-    blank_id: Optional[int] = None,
-    max_symbols: Optional[int] = 10,
-    lookahead: int = LOOKAHEAD_FRAMES,
-) -> Tuple[List[int], List[int]]:
-    """NeMo ``GreedyRNNTInfer`` on one utterance: ``encoded`` [T, D] or [1, T, D] -> (token ids,
-    encoder frame of each token). At most ``max_symbols`` tokens per frame."""
-    if encoded.ndim == 3:
-        if encoded.shape[0] != 1:
-            raise ValueError(
-                f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}"
-            )
-        encoded = encoded[0]
-    T = encoded.shape[0] if length is None else min(int(length), encoded.shape[0])
-    blank = joint.blank_id if blank_id is None else int(blank_id)
-    enc_proj = joint.project_encoder(encoded[:T])  # [T, joint_hidden]
-
-    tokens: List[int] = []
-    frames: List[int] = []
-    state = None
-    out, new_state = decoder(None, state)  # the start symbol
-    pred = joint.project_prediction(out[0, -1])
-    t, emitted_here = 0, 0
-    while t < T:
-        # With the prediction fixed, the labels of the next frames are independent: one sync
-        # finds the first non-blank among them.
-        window = min(lookahead, T - t)
-        labels = mx.argmax(joint.logits(enc_proj[t : t + window], pred), axis=-1).tolist()
-        j = next((i for i, k in enumerate(labels) if k != blank), None)
-        if j is None:
-            t, emitted_here = t + window, 0
-            continue
-        if j > 0:
-            t, emitted_here = t + j, 0
-        k = labels[j]
-        tokens.append(k)
-        frames.append(t)
-        emitted_here += 1
-        state = new_state
-        out, new_state = decoder(mx.array([[k]]), state)
-        pred = joint.project_prediction(out[0, -1])
-        if max_symbols is not None and emitted_here >= max_symbols:
-            t, emitted_here = t + 1, 0
-    return tokens, frames
 
 
 def decode_pieces(ids: Sequence[int], vocabulary: Sequence[str]) -> Tuple[str, Optional[str]]:

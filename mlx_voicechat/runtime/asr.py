@@ -2,7 +2,7 @@
 
 audio -> log-mel -> FastConformer (+ language prompt) -> greedy transducer -> text. Many
 clips run as the rows of one batch: the mel and encoder with each row's lengths masking its
-padding (``nets.asr``), the decoder with a frame cursor per row (``runtime.asr_greedy``), so
+padding (``nets.asr``), the decoder with a frame cursor per row (``nets.greedy``), so
 each clip's tokens are those of its solo run. Phase timings are measured around one
 evaluation each (``--benchmark``), like TensorRT Edge-LLM's runtime.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..nets.rnnt import LANGUAGE_TAG
 from .asr_events import piece_text
-from .asr_greedy import GreedyDecoder
+from ..nets.greedy import GreedyDecoder
 from .audio import load_audio
 from .transcribe import TranscriptResult, TranscriptTimings, _ms
 

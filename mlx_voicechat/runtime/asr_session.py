@@ -18,7 +18,7 @@ cost one chunk of work, whatever the stream's length):
 - encoding: a steady chunk's subsampling, layers and joint projection are one compiled call
   (``RecognizerNetwork.encode_chunk``);
 - decoding: rounds of the greedy loop over the chunk's frames, one read each
-  (``runtime.asr_greedy``): the joint's labels over the frames left, so a chunk takes one read
+  (``nets.greedy``): the joint's labels over the frames left, so a chunk takes one read
   and one more per token in it. A session reads at most once per 1280 samples it has been fed
   (one read per 80 ms frame); on its last read a round runs several calls, and a burst of
   tokens beyond that waits for the next frames' reads (``finish`` reads what is left).
@@ -38,7 +38,7 @@ from .asr_events import (  # noqa: F401  (TranscriptEvent, TranscriptionError: r
     TranscriptionError,
     close_events,
 )
-from .asr_greedy import GreedyDecoder
+from ..nets.greedy import GreedyDecoder
 from .audioin import AudioIn
 
 

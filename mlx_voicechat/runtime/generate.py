@@ -24,8 +24,9 @@ from ..errors import GenerationError, is_int
 from ..nets import fastpaths
 from ..nets.caches import RowCaches
 from ..nets.codec import replace_control_codes
+from ..nets.greedy import greedy_decode
 from ..nets.mel import MelStream
-from ..nets.rnnt import decode_pieces, greedy_decode
+from ..nets.rnnt import decode_pieces
 from ..noise import NoiseSource
 from .audio import AudioError, load_audio, save_wav
 from .framestate import FrameState, open_state, start_rnnt

@@ -120,7 +120,7 @@ def _spans(frames: Sequence[int]) -> List[Tuple[int, int]]:
 def transcript_by_frame(model, samples: np.ndarray, extra_decoding_seconds: float = 0.0) -> Words:
     """The user's words of offline perception over ``samples`` and the trailing silence, each
     at its encoder frame (what ``generate`` heard, with the frame of each word)."""
-    from ..nets.rnnt import greedy_decode
+    from ..nets.greedy import greedy_decode
     from . import generate as offline
     from .textstream import TranscriptStream
 

@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from ..nets.rnnt import decode_pieces, greedy_decode
+from ..nets.greedy import greedy_decode
+from ..nets.rnnt import decode_pieces
 from .audio import load_audio
 
 

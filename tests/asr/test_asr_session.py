@@ -202,7 +202,7 @@ def test_live_rounds_stop_at_the_last_token(asr, monkeypatch):
     at most, and the tokens are offline's."""
     import mlx.core as mx
 
-    from mlx_voicechat.runtime import asr_greedy
+    from mlx_voicechat.nets import greedy as asr_greedy
 
     calls = [0]
 

@@ -23,7 +23,7 @@ from mlx_voicechat.nets import fastpaths, heads
 from mlx_voicechat.nets.caches import RowCaches
 from mlx_voicechat.nets.derived import reset_derived
 from mlx_voicechat.nets.layout import use_cpu_layout
-from mlx_voicechat.nets.rnnt import greedy_decode
+from mlx_voicechat.nets.greedy import greedy_decode
 from mlx_voicechat.noise import KeyNoise, RowNoise
 from mlx_voicechat.weights.random_init import random_weights
 from mlx_voicechat.weights.scales import build_tokenizer, scale_config

@@ -10,8 +10,10 @@ from oracle_utils import ORACLE, load_module, strip_prefix
 
 from mlx_voicechat.cli import transcribe as transcribe_verb
 from mlx_voicechat.config import AudioConfig, VoiceChatConfig
+from mlx_voicechat.nets.derived import reset_derived
+from mlx_voicechat.nets.greedy import GreedyDecoder, greedy_decode, transducer
 from mlx_voicechat.nets.perception import Perception
-from mlx_voicechat.nets.rnnt import RNNTDecoder, RNNTJoint, decode_pieces, greedy_decode
+from mlx_voicechat.nets.rnnt import RNNTDecoder, RNNTJoint, decode_pieces
 from mlx_voicechat.runtime.audio import AudioError
 from mlx_voicechat.runtime.transcribe import TranscriptResult, transcribe
 
@@ -110,24 +112,35 @@ def test_joint_matches_nemo(rnnt01):
     assert float(mx.abs(logp - mx.array(io["rnnt_joint_logprobs"])).max()) < 1e-4
 
 
-def test_prediction_network_runs_once_per_emitted_token(rnnt01):
+def _decoded_row(decoder, joint, encoded, max_symbols):
+    """One utterance through the device decoder: its row (tokens, frames, steps, forced)."""
+    T = encoded.shape[1]
+    d = GreedyDecoder(transducer(decoder, joint, 40, max_symbols), 1)
+    d.push(joint.project_encoder(encoded))
+    (row,) = d.run([T])
+    return row, T
+
+
+def test_decoder_takes_nemos_steps(rnnt01):
+    """The device decoder's steps (joint evaluations that count) are NeMo's loop's, one per
+    prediction-network call there: its tokens plus one blank per frame not ended by the cap."""
     decoder, joint, encoded, _ = rnnt01
     for max_symbols in (10, 3):
+        row, T = _decoded_row(decoder, joint, encoded, max_symbols)
         counted = CountingDecoder(decoder)
-        tokens, _ = greedy_decode(counted, joint, encoded, None, 40, max_symbols)
-        assert counted.calls == len(tokens) + 1
-    # NeMo's own loop calls it on every step, blanks included: far more often.
-    counted = CountingDecoder(decoder)
-    reference_greedy(counted, joint, encoded, 40, 10)
-    assert counted.calls > len(tokens) + 1
+        want = reference_greedy(counted, joint, encoded, 40, max_symbols)
+        assert (row.tokens, row.frames) == want
+        assert row.steps == counted.calls
+        assert row.steps + row.forced == len(row.tokens) + T
+        assert row.forced == int((np.bincount(row.frames) == max_symbols).sum()) > 0
 
 
 @pytest.mark.parametrize("max_symbols", [1, 2, 5, 10])
 def test_greedy_equals_reference_loop(rnnt01, max_symbols):
     decoder, joint, encoded, _ = rnnt01
     want = reference_greedy(decoder, joint, encoded, 40, max_symbols)
-    for lookahead in (1, 4, 16):
-        assert greedy_decode(decoder, joint, encoded, None, 40, max_symbols, lookahead) == want
+    for window in (1, 4, 16):
+        assert greedy_decode(decoder, joint, encoded, None, 40, max_symbols, window) == want
     assert max(np.bincount(want[1])) <= max_symbols
 
 
@@ -136,11 +149,13 @@ def test_blank_only_frames_emit_nothing(rnnt01):
     bias = joint.joint_net[-1].bias
     try:
         joint.joint_net[-1].bias = bias + mx.where(mx.arange(41) == 40, 1e4, 0.0)
-        counted = CountingDecoder(decoder)
-        assert greedy_decode(counted, joint, encoded, None, 40, 10) == ([], [])
-        assert counted.calls == 1
+        reset_derived(joint)
+        assert greedy_decode(decoder, joint, encoded, None, 40, 10) == ([], [])
+        row, T = _decoded_row(decoder, joint, encoded, 10)
+        assert row.tokens == [] and row.steps == T and row.forced == 0
     finally:
         joint.joint_net[-1].bias = bias
+        reset_derived(joint)
 
 
 def test_length_limits_decoded_frames(rnnt01):

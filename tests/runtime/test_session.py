@@ -414,7 +414,7 @@ def test_a_burst_of_rnnt_tokens_comes_out_with_its_frame(tiny_checkpoints, sync_
     """A joint crafted to emit a token at every step: each frame has max_symbols tokens, and
     all of them come out with the frame's own event, read from the device once per frame (the
     frame's greedy symbols run there), equal to the offline transcript's frames."""
-    from mlx_voicechat.nets.rnnt import greedy_decode
+    from mlx_voicechat.nets.greedy import greedy_decode
 
     model = load(tiny_checkpoints["mlx-community"])
     joint = model.stt_model.rnnt_joint

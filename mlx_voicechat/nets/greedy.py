@@ -1,37 +1,45 @@
-"""The greedy transducer loop of the runtime notes, for one row or many, on the device.
+"""The package's one greedy transducer decoder, for one row or many, on the device: the
+recognizer's, offline VoiceChat transcription's and, unrolled over one frame
+(``nets.rnnt.frame_greedy``), a live frame's.
 
-The notes' loop (TensorRT Edge-LLM's, matching Transformers' greedy RN-T): the step (joint on
-the current frame and prediction, argmax) always runs; on a blank the frame cursor advances and
-the prediction network's new state is discarded; on a non-blank the token is emitted, the new
-state adopted and the cursor stays; after ``max_symbols`` non-blanks in a row at one frame the
-cursor advances without a step; decoding stops when the cursor passes the last frame. So a
-clip's steps are its tokens plus its blank steps, and ``steps + forced advances = tokens +
-frames``.
+The rule (NeMo's ``GreedyRNNTInfer``, TensorRT Edge-LLM's and Transformers' greedy RN-T alike):
+the step (joint on the current frame and prediction, argmax) always runs; on a blank the frame
+cursor advances and the prediction network's new state is discarded; on a non-blank the token is
+emitted, the new state adopted and the cursor stays; after ``max_symbols`` non-blanks in a row
+at one frame the cursor advances without a step; decoding stops when the cursor passes the last
+frame. So a clip's steps are its tokens plus its blank steps, and ``steps + forced advances =
+tokens + frames``.
 
-One compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) is the package's
-one device decoder, ``nets.rnnt.greedy_step``, over a window of frames from each row's cursor:
-it settles a run of blank steps and the token after it (the notes' steps, exactly). Every row
-has its own cursor, symbol count, prediction and LSTM state, on the device, and nothing is read
-per call. A *round* queues calls and reads them at once (one host read): per row and call, the
-blank steps taken and the token emitted (or -1); the host replays the cursor rule on them to
-place each token on its frame and count the steps. With reads to spare (a live session) a round
-is one call over the frames left, which ends at the first token or at the last frame pushed, so
-no call runs past a chunk's last token; otherwise (offline, or a session's last read) a round
-is sized to the frames left and the tokens expected, so a clip takes few reads.
+One compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) is
+``nets.rnnt.greedy_step`` over a window of frames from each row's cursor: it settles a run of
+blank steps and the token after it (the notes' steps, exactly). Every row has its own cursor,
+symbol count, prediction and LSTM state, on the device, and nothing is read per call. A *round*
+queues calls and reads them at once (one host read): per row and call, the blank steps taken and
+the token emitted (or -1); the host replays the cursor rule on them to place each token on its
+frame and count the steps. With reads to spare (a live session) a round is one call over the
+frames left, which ends at the first token or at the last frame pushed, so no call runs past a
+chunk's last token; otherwise (offline, or a session's last read) a round is sized to the frames
+left and the tokens expected, so a clip takes few reads.
+
+The decoder drives a ``net`` with ``decoder`` (``step``), ``joint``, ``start(batch)`` and
+``config.blank_id`` / ``config.max_symbols``: the recognizer's network is one; VoiceChat's RN-T
+head is wrapped by :func:`transducer`, and :func:`greedy_decode` decodes one utterance with it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from types import SimpleNamespace
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 import numpy as np
 
-from ..nets import fastpaths
-from ..nets.derived import compiled, derived
-from ..nets.rnnt import NO_TOKEN, greedy_step
+from ..errors import is_int
+from . import fastpaths
+from .derived import compiled, derived
+from .rnnt import NO_TOKEN, greedy_step, start_state
 
 WINDOW = 8  # frames whose joint one call evaluates under one prediction (sized rounds)
 WIDE = 16  # frames of a one-call round, at most
@@ -71,11 +79,14 @@ def build_step(net):
 class GreedyDecoder:
     """Greedy RNN-T over ``B`` rows of projected encoder frames (``net.joint_frames``)."""
 
-    def __init__(self, net, batch: int = 1):
+    def __init__(self, net, batch: int = 1, window: int = WINDOW):
+        if not is_int(window) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
         self.net = net
         self.blank = net.config.blank_id
         self.max_symbols = net.config.max_symbols
         self.batch = batch
+        self.window = window
         self.reset()
 
     def reset(self) -> None:
@@ -132,8 +143,8 @@ class GreedyDecoder:
         if reads_left is not None and reads_left > 1:
             calls, W = 1, min(left, WIDE)
         else:
-            calls = min(-(-left // WINDOW) + math.ceil(self._rate() * left) + 2, MAX_ROUND_CALLS)
-            W = WINDOW
+            W = self.window
+            calls = min(-(-left // W) + math.ceil(self._rate() * left) + 2, MAX_ROUND_CALLS)
         T = self._frames.shape[1]
         flat = self._frames.reshape(B * T, -1)
         base = mx.arange(B, dtype=mx.int32) * T - self._start
@@ -165,7 +176,7 @@ class GreedyDecoder:
         a call past the last token is wasted work, one too few costs another read."""
         frames = sum(r.frame for r in self.rows)
         tokens = sum(len(r.tokens) for r in self.rows)
-        return 0.25 if frames < 2 * WINDOW else min(max(tokens / frames, 0.05), 2.0)
+        return 0.25 if frames < 2 * self.window else min(max(tokens / frames, 0.05), 2.0)
 
     def _replay(self, r: RowState, codes: np.ndarray) -> None:
         for jump, token in codes:
@@ -187,3 +198,73 @@ class GreedyDecoder:
         while self.pending(lengths):
             self.round(lengths)
         return self.rows
+
+
+class Transducer:
+    """A prediction / joint network pair (VoiceChat's RN-T head) as :class:`GreedyDecoder`'s
+    ``net``. ``decoder`` is called ``decoder(y [B, U] or None, state) -> (outputs [B, U, H],
+    state)`` and its ``step`` (``RNNTDecoder.step``) taken when it has one; its start symbol is
+    a zero input (NeMo's blank-as-pad). Made by :func:`transducer`, which keeps one per pair."""
+
+    def __init__(self, decoder, joint, blank: int, max_symbols: int):
+        self.decoder = decoder if hasattr(decoder, "step") else _Stepped(decoder)
+        self.joint = joint
+        self.config = SimpleNamespace(blank_id=blank, max_symbols=max_symbols)
+
+    def start(self, batch: int):
+        return start_state(self.decoder, self.joint, batch)
+
+
+class _Stepped:
+    """A prediction network without ``step``: one token per row through its call."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def __call__(self, y, state):
+        return self.decoder(y, state)
+
+    def step(self, y: mx.array, state):
+        out, state = self.decoder(y[:, None], state)
+        return out[:, -1], state
+
+
+def transducer(decoder, joint, blank: int, max_symbols: Optional[int]) -> Transducer:
+    """The :class:`Transducer` of ``decoder`` and ``joint``, kept on the joint (with its compiled
+    steps, :func:`build_step`) until its weights change (``nets.derived``). ``max_symbols``
+    None: no bound on the tokens of one frame."""
+    cap = 2**30 if max_symbols is None else int(max_symbols)
+    if cap < 1:
+        raise ValueError(f"max_symbols must be >= 1 or None, got {max_symbols!r}")
+    # The pair holds the decoder, so its id names no other object while the entry lives.
+    key = (id(decoder), int(blank), cap)
+    return derived(joint, "rnnt.transducer", lambda: Transducer(decoder, joint, *key[1:]), key)
+
+
+def greedy_decode(
+    decoder,
+    joint,
+    encoded: mx.array,
+    length: Optional[int] = None,
+    blank_id: Optional[int] = None,
+    max_symbols: Optional[int] = 10,
+    window: int = WINDOW,
+) -> Tuple[List[int], List[int]]:
+    """Greedy RN-T (NeMo's ``GreedyRNNTInfer``) on one utterance with :class:`GreedyDecoder`:
+    ``encoded`` [T, D] or [1, T, D] (its first ``length`` frames) -> (token ids, encoder frame
+    of each token). At most ``max_symbols`` tokens per frame; ``window``: the frames one call's
+    joint covers (any gives the same tokens)."""
+    if encoded.ndim == 3:
+        if encoded.shape[0] != 1:
+            raise ValueError(
+                f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}"
+            )
+        encoded = encoded[0]
+    T = encoded.shape[0] if length is None else max(0, min(int(length), encoded.shape[0]))
+    blank = joint.blank_id if blank_id is None else int(blank_id)
+    decoder = GreedyDecoder(transducer(decoder, joint, blank, max_symbols), 1, window)
+    if T == 0:
+        return [], []
+    decoder.push(joint.project_encoder(encoded[None, :T]))
+    (row,) = decoder.run([T])
+    return row.tokens, row.frames
