@@ -16,9 +16,9 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from ..nets.greedy import GreedyDecoder
 from ..nets.rnnt import LANGUAGE_TAG
 from .asr_events import piece_text
-from ..nets.greedy import GreedyDecoder
 from .audio import load_audio
 from .transcribe import TranscriptResult, TranscriptTimings, _ms
 

@@ -32,13 +32,13 @@ from typing import List, Optional
 import mlx.core as mx
 import numpy as np
 
+from ..nets.greedy import GreedyDecoder
 from .asr_events import (  # noqa: F401  (TranscriptEvent, TranscriptionError: re-exported)
     TranscriptEvent,
     TranscriptEvents,
     TranscriptionError,
     close_events,
 )
-from ..nets.greedy import GreedyDecoder
 from .audioin import AudioIn
 
 

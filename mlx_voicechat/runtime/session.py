@@ -8,7 +8,7 @@ turn marks and 1764 samples of speech. For any chunking of the input the events 
 equal after the codec's fixed 6-sample delay).
 
 A session is the one conversation of a batch of its own (``runtime.batch``): a
-:class:`~.batch.SessionHandle` whose ``feed`` steps that batch, so the code that steps many
+:class:`~.handle.SessionHandle` whose ``feed`` steps that batch, so the code that steps many
 conversations together steps this one.
 
 Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see
@@ -28,8 +28,9 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..errors import SessionError  # noqa: F401  (the public name: session.SessionError)
-from .batch import SessionBatch, SessionHandle
+from .batch import SessionBatch
 from .events import FrameEvent
+from .handle import SessionHandle
 
 
 class Session(SessionHandle):

@@ -1,10 +1,11 @@
 """A session is the one conversation of a batch of its own (``runtime.session.Session`` is a
-``runtime.batch.SessionHandle``); the session options are one list."""
+``runtime.handle.SessionHandle``); the session options are one list."""
 
 import pytest
 
 from mlx_voicechat.errors import SessionError
-from mlx_voicechat.runtime.batch import SESSION_OPTIONS, SessionHandle
+from mlx_voicechat.runtime.batch import SESSION_OPTIONS
+from mlx_voicechat.runtime.handle import SessionHandle
 
 
 def test_a_session_is_the_handle_of_its_own_batch(tiny):
