@@ -117,10 +117,10 @@ PATHS: Dict[str, FastPath] = {
         ),
         FastPath(
             "rnnt.lstm_step",
-            "one token through the prediction network's LSTM on column-major copies of its "
-            "weights (BLAS's plain case), the bias and the recurrent product added after",
-            "mlx_audio.stt.models.nemotron_asr.rnnt.LSTM (mlx.nn.LSTM layers)",
-            "float32 weights on the CPU",
+            "the prediction network's LSTM layers as nets.layout.ColumnLSTM: the weights "
+            "column-major (BLAS's plain case), each product computed before its term is added",
+            "mlx.nn.LSTM (the layers of mlx_audio.stt.models.nemotron_asr.rnnt.LSTM)",
+            "float32 weights on the CPU, from load (nets.layout.use_cpu_layout)",
         ),
         FastPath(
             "rnnt.frame",

@@ -37,7 +37,6 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import is_int
-from . import fastpaths
 from .derived import compiled, derived
 from .rnnt import NO_TOKEN, greedy_step, start_state
 
@@ -150,9 +149,8 @@ class GreedyDecoder:
         base = mx.arange(B, dtype=mx.int32) * T - self._start
         last = mx.array([self._start + T - 1] * B, dtype=mx.int32)
         length = mx.array(lengths, dtype=mx.int32)
-        lstm = fastpaths.enabled("rnnt.lstm_step")  # traced into the step
         # One compiled step per model and batch size, shared by its decoders (sessions).
-        key = (B, self.blank, self.max_symbols, lstm)
+        key = (B, self.blank, self.max_symbols)
         fn = derived(self.net, ("asr.greedy_step", B), lambda: build_step(self.net), key)
         w = mx.arange(W, dtype=mx.int32)
         index = base[:, None] + mx.minimum(self._t[:, None] + w[None, :], last[:, None])

@@ -12,7 +12,8 @@ The BLAS sums each output in the same order either way, so outputs are bit-ident
 
 Pointwise convolutions marked with :func:`as_matrix` (their module multiplies them as
 matrices, ``nets.conv_products``) are stored the same way: the data ``[in, out]`` contiguous, the
-weight ``[out, 1.., in]`` a view of it.
+weight ``[out, 1.., in]`` a view of it. So are the RNNT prediction network's ``nn.LSTM`` weights
+(``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``).
 
 Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
 layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import fastpaths
 from .derived import reset_derived
 
 _FLAG = "_cpu_layout_done"
@@ -53,13 +55,55 @@ def _pointwise_view(w: mx.array):
     return data.T.reshape(w.shape)
 
 
+class ColumnLSTM(nn.LSTM):
+    """``nn.LSTM`` on column-major weights, as :func:`use_cpu_layout` leaves a float32 one.
+
+    ``nn.LSTM`` computes ``addmm(bias, x, Wx.T)`` and ``addmm(ifgo, h, Wh.T)``. With ``W``
+    row-major that is BLAS's transposed case, which sums each product and then adds the other
+    term; on column-major data it is the plain case, which starts from the term and adds the
+    product's terms to it: other bits. So the product comes first here, then the term, as
+    the transposed case adds them, and the values are ``nn.LSTM``'s on the row-major weights,
+    bit for bit (``tests/fastpaths/test_fastpaths.py``). Other dtypes and devices: ``nn.LSTM``."""
+
+    def __call__(self, x, hidden=None, cell=None):
+        if self.Wx.dtype != mx.float32 or not on_cpu():  # set_dtype or a device since load
+            return super().__call__(x, hidden, cell)
+        x = x @ self.Wx.T
+        if self.bias is not None:
+            x = x + self.bias
+        all_hidden, all_cell = [], []
+        for idx in range(x.shape[-2]):
+            ifgo = x[..., idx, :]
+            if hidden is not None:
+                ifgo = hidden @ self.Wh.T + ifgo
+            i, f, g, o = mx.split(ifgo, 4, axis=-1)
+            i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
+            cell = f * cell + i * g if cell is not None else i * g
+            hidden = o * mx.tanh(cell)
+            all_cell.append(cell)
+            all_hidden.append(hidden)
+        return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
+
+
+def _move(module: nn.Module, name: str) -> int:
+    """Store ``module``'s float32 matrix ``name`` column-major (its data ``W.T`` contiguous, the
+    parameter a view of it); 1 when moved."""
+    w = getattr(module, name)
+    if w.dtype != mx.float32 or w.ndim != 2:
+        return 0
+    w = mx.contiguous(w.T).T
+    mx.eval(w)
+    setattr(module, name, w)
+    return 1
+
+
 def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
 def use_cpu_layout(model: nn.Module) -> int:
     """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU
-    (and the pointwise convolutions marked with :func:`as_matrix`).
+    (and the pointwise convolutions marked with :func:`as_matrix`, and ``nn.LSTM`` weights).
 
     One tensor at a time (the extra memory is one weight), once per model; returns how many
     weights were moved. Does nothing on a GPU or when already done."""
@@ -71,13 +115,16 @@ def use_cpu_layout(model: nn.Module) -> int:
             w = _pointwise_view(module.weight)
             if w is None:
                 continue
+        elif type(module) is nn.LSTM:
+            if module.Wx.dtype == mx.float32 and fastpaths.enabled("rnnt.lstm_step"):
+                moved += _move(module, "Wx") + _move(module, "Wh")
+                module.__class__ = ColumnLSTM  # the same parameters, multiplied in this layout
+            continue
         elif type(module) is not nn.Linear or getattr(module, _KEEP, False):
             continue
         else:
-            w = module.weight
-            if w.dtype != mx.float32 or w.ndim != 2:
-                continue
-            w = mx.contiguous(w.T).T
+            moved += _move(module, "weight")
+            continue
         mx.eval(w)
         module.weight = w
         moved += 1

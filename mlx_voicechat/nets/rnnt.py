@@ -21,7 +21,6 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNe
 
 from ..config import RNNTDecoderConfig, RNNTJointConfig
 from . import fastpaths
-from .layout import on_cpu
 from .derived import compiled, derived
 
 NO_TOKEN = -1  # greedy_step's token where a row emitted none
@@ -59,39 +58,11 @@ class RNNTDecoder(PredictNetwork):
 
     def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
         """One token per row: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output
-        [B, H], (h, c)); ``self(y[:, None], state)`` with its last output. Float32 weights on
-        the CPU (``rnnt.lstm_step``) multiply copies of the LSTM's weights made column-major
-        (BLAS's plain case), then add the bias and the other product: ``nn.LSTM``'s
-        ``addmm(bias, x, Wx.T)`` and ``addmm(ifgo, h, Wh.T)`` add in that order too, so the
-        values are the same bit for bit."""
-        rnn = self.prediction["dec_rnn"]
-        first = rnn.lstm[0].Wx
-        if not fastpaths.enabled("rnnt.lstm_step") or first.dtype != mx.float32 or not on_cpu():
-            out, state = self(y[:, None], state)
-            return out[:, -1], state
-        columns = derived(self, "rnnt.lstm_columns", self._column_weights)
-        x = self.prediction["embed"](y)
-        h, c = state
-        hs, cs = [], []
-        for i, (layer, (wx, wh)) in enumerate(zip(rnn.lstm, columns)):
-            ifgo = x @ wx
-            if layer.bias is not None:
-                ifgo = ifgo + layer.bias
-            ifgo = h[i] @ wh + ifgo
-            gi, gf, gg, go = mx.split(ifgo, 4, axis=-1)
-            cell = mx.sigmoid(gf) * c[i] + mx.sigmoid(gi) * mx.tanh(gg)
-            x = mx.sigmoid(go) * mx.tanh(cell)
-            hs.append(x)
-            cs.append(cell)
-        return x, (mx.stack(hs), mx.stack(cs))
-
-    def _column_weights(self):
-        out = [
-            (mx.contiguous(layer.Wx.T), mx.contiguous(layer.Wh.T))
-            for layer in self.prediction["dec_rnn"].lstm
-        ]
-        mx.eval(out)
-        return out
+        [B, H], (h, c)); ``self(y[:, None], state)`` with its last output. (On the CPU the
+        LSTM's weights are stored column-major at load, ``nets.layout``: its products are
+        BLAS's plain case.)"""
+        out, state = self(y[:, None], state)
+        return out[:, -1], state
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
         """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""
@@ -179,9 +150,8 @@ def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, 
     """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
     ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
     order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
-    ``nets.greedy`` does. The prediction network runs as a plain call: the column-major
-    weights of ``RNNTDecoder.step`` (``rnnt.lstm_step``) are made and evaluated at first use,
-    a host sync a live frame must not take."""
+    ``nets.greedy`` does. The prediction network runs as a plain call, one token per row
+    (what ``RNNTDecoder.step`` is, for any ``decoder(y, state)``)."""
 
     def predict(y, state):
         out, state = decoder(y[:, None], state)

@@ -13,6 +13,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from fastpath_utils import set_fastpath
+from mlx.utils import tree_map
 from mlx_lm.models.cache import ArraysCache
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -22,8 +23,8 @@ from mlx_voicechat.nemotron_voicechat import Model
 from mlx_voicechat.nets import fastpaths, heads
 from mlx_voicechat.nets.caches import RowCaches
 from mlx_voicechat.nets.derived import reset_derived
-from mlx_voicechat.nets.layout import use_cpu_layout
 from mlx_voicechat.nets.greedy import greedy_decode
+from mlx_voicechat.nets.layout import use_cpu_layout
 from mlx_voicechat.noise import KeyNoise, RowNoise
 from mlx_voicechat.weights.random_init import random_weights
 from mlx_voicechat.weights.scales import build_tokenizer, scale_config
@@ -413,19 +414,32 @@ def test_asr_mel_bands_equal_the_filterbank_product(recognizer, monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["asr", "voicechat"])
-def test_asr_lstm_step_equals_mlx_audio_lstm_per_row(recognizer, medium, monkeypatch, which):
-    """One token per row through the prediction network: the column-major step against
-    mlx-audio's LSTM, outputs and both states, for three rows from different states."""
+def test_asr_lstm_step_equals_mlx_audio_lstm_per_row(recognizer, medium, which):
+    """One token per row through the prediction network: its LSTM as a loaded model has it
+    (``nets.layout.ColumnLSTM``, column-major weights) against mlx-audio's LSTM on the same
+    weights row-major, outputs and both states, for three rows from different states, and
+    each row alone; and a sequence (teacher forcing)."""
+    from mlx_voicechat.nets.layout import ColumnLSTM
+    from mlx_voicechat.nets.rnnt import RNNTDecoder
+
     decoder = recognizer.decoder if which == "asr" else medium.stt_model.rnnt_decoder
     rnn = decoder.prediction["dec_rnn"]
     L, H = rnn.num_layers, rnn.hidden_size
+    assert all(type(layer) is ColumnLSTM for layer in rnn.lstm)  # as loaded
+    plain = RNNTDecoder(recognizer.config.decoder if which == "asr" else medium.config.audio_config.decoder)
+    copies = tree_map(lambda a: mx.array(np.ascontiguousarray(a)), decoder.parameters())  # row-major
+    plain.update(copies)
+    assert all(type(layer) is nn.LSTM for layer in plain.prediction["dec_rnn"].lstm)
     h = mx.random.normal((L, 3, H), key=mx.random.key(15))
     c = mx.random.normal((L, 3, H), key=mx.random.key(16))
     y = mx.array([3, 0, 11], dtype=mx.int32)
-    set_fastpath(monkeypatch, "rnnt.lstm_step", True)
     out, (h2, c2) = decoder.step(y, (h, c))
-    ref, (h3, c3) = decoder(y[:, None], (h, c))
-    _same([out, h2, c2], [ref[:, -1], h3, c3])
+    ref, (h3, c3) = plain.step(y, (h, c))
+    _same([out, h2, c2], [ref, h3, c3])
     for b in range(3):
         one, (h4, c4) = decoder.step(y[b : b + 1], (h[:, b : b + 1], c[:, b : b + 1]))
         _same([one, h4, c4], [out[b : b + 1], h2[:, b : b + 1], c2[:, b : b + 1]])
+    labels = mx.array([[3, 0, 11, 5, 7]], dtype=mx.int32)
+    seq, (h5, c5) = decoder.predict(labels)
+    ref, (h6, c6) = plain.predict(labels)
+    _same([seq, h5, c5], [ref, h6, c6])

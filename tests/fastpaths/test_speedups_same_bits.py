@@ -53,7 +53,7 @@ def test_cpu_layout_keeps_every_parameter(tiny_pair):
         assert mx.array_equal(a[k], b[k]).item(), k
 
 
-def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):
+def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):  # and LSTMs
     model = _plain(tiny_checkpoints["mlx-community"])
     linears = [
         m for _, m in model.named_modules()
@@ -62,7 +62,9 @@ def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):
     # and the pointwise convolutions multiplied as matrices (nets.conv_products)
     pointwise = [m for _, m in model.named_modules() if getattr(m, "_cpu_layout_matrix", False)]
     assert pointwise and all(isinstance(m, (nn.Conv1d, nn.Conv2d)) for m in pointwise)
-    assert layout.use_cpu_layout(model) == len(linears) + len(pointwise) > 10
+    lstms = [m for _, m in model.named_modules() if type(m) is nn.LSTM]  # Wx and Wh each
+    assert lstms
+    assert layout.use_cpu_layout(model) == len(linears) + len(pointwise) + 2 * len(lstms) > 10
     assert layout.use_cpu_layout(model) == 0  # once
 
 
@@ -73,7 +75,8 @@ def test_cpu_layout_leaves_quantized_and_half_precision(tiny_checkpoints):
         and not getattr(m, "_keep_row_major", False)
         or getattr(m, "_cpu_layout_matrix", False) and m.weight.dtype == mx.float32
     ]
-    assert layout.use_cpu_layout(q) == len(float_linears)
+    lstms = [m for _, m in q.named_modules() if type(m) is nn.LSTM and m.Wx.dtype == mx.float32]
+    assert layout.use_cpu_layout(q) == len(float_linears) + 2 * len(lstms)
     half = _plain(tiny_checkpoints["mlx-community"])
     half.set_dtype(mx.bfloat16)
     assert layout.use_cpu_layout(half) == 0
