@@ -21,13 +21,14 @@ frames left, which ends at the first token or at the last frame pushed, so no ca
 chunk's last token; otherwise (offline, or a session's last read) a round is sized to the frames
 left and the tokens expected, so a clip takes few reads.
 
-The decoder drives a ``net`` with ``decoder`` (``step``), ``joint``, ``start(batch)`` and
+The decoder drives a ``net`` with ``decoder`` (a prediction network), ``joint``, ``start(batch)`` and
 ``config.blank_id`` / ``config.max_symbols``: the recognizer's network is one; VoiceChat's RN-T
 head is wrapped by :func:`transducer`, and :func:`greedy_decode` decodes one utterance with it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -38,7 +39,7 @@ import numpy as np
 
 from ..errors import is_int
 from .derived import compiled, derived
-from .rnnt import NO_TOKEN, greedy_step, start_state
+from .rnnt import NO_TOKEN, greedy_step, predict_step, start_state
 
 WINDOW = 8  # frames whose joint one call evaluates under one prediction (sized rounds)
 WIDE = 16  # frames of a one-call round, at most
@@ -62,11 +63,12 @@ def build_step(net):
     """The compiled call (see the module docstring) for ``net``'s decoder and joint; its window
     is the frames ``e`` holds (one trace per window size)."""
     blank, max_symbols = net.config.blank_id, net.config.max_symbols
+    predict = functools.partial(predict_step, net.decoder)
 
     def step(e, pred, h, c, t, sym, length, base, last):
         """``e`` [B, W, J]: the frames from each row's cursor on."""
         jump, token, pred, h, c, t, sym = greedy_step(
-            net.decoder.step, net.joint, e, pred, h, c, t, sym, length, blank, max_symbols
+            predict, net.joint, e, pred, h, c, t, sym, length, blank, max_symbols
         )
         w = mx.arange(e.shape[1], dtype=mx.int32)
         index = base[:, None] + mx.minimum(t[:, None] + w[None, :], last[:, None])
@@ -201,30 +203,15 @@ class GreedyDecoder:
 class Transducer:
     """A prediction / joint network pair (VoiceChat's RN-T head) as :class:`GreedyDecoder`'s
     ``net``. ``decoder`` is called ``decoder(y [B, U] or None, state) -> (outputs [B, U, H],
-    state)`` and its ``step`` (``RNNTDecoder.step``) taken when it has one; its start symbol is
-    a zero input (NeMo's blank-as-pad). Made by :func:`transducer`, which keeps one per pair."""
+    state)``; its start symbol is a zero input (NeMo's blank-as-pad). Made by
+    :func:`transducer`, which keeps one per pair."""
 
     def __init__(self, decoder, joint, blank: int, max_symbols: int):
-        self.decoder = decoder if hasattr(decoder, "step") else _Stepped(decoder)
-        self.joint = joint
+        self.decoder, self.joint = decoder, joint
         self.config = SimpleNamespace(blank_id=blank, max_symbols=max_symbols)
 
     def start(self, batch: int):
         return start_state(self.decoder, self.joint, batch)
-
-
-class _Stepped:
-    """A prediction network without ``step``: one token per row through its call."""
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-
-    def __call__(self, y, state):
-        return self.decoder(y, state)
-
-    def step(self, y: mx.array, state):
-        out, state = self.decoder(y[:, None], state)
-        return out[:, -1], state
 
 
 def transducer(decoder, joint, blank: int, max_symbols: Optional[int]) -> Transducer:

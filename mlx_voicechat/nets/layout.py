@@ -113,21 +113,16 @@ def use_cpu_layout(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if getattr(module, _MATRIX, False):
             w = _pointwise_view(module.weight)
-            if w is None:
-                continue
+            if w is not None:
+                mx.eval(w)
+                module.weight = w
+                moved += 1
         elif type(module) is nn.LSTM:
             if module.Wx.dtype == mx.float32 and fastpaths.enabled("rnnt.lstm_step"):
                 moved += _move(module, "Wx") + _move(module, "Wh")
                 module.__class__ = ColumnLSTM  # the same parameters, multiplied in this layout
-            continue
-        elif type(module) is not nn.Linear or getattr(module, _KEEP, False):
-            continue
-        else:
+        elif type(module) is nn.Linear and not getattr(module, _KEEP, False):
             moved += _move(module, "weight")
-            continue
-        mx.eval(w)
-        module.weight = w
-        moved += 1
     setattr(model, _FLAG, True)
     if moved:
         reset_derived(model)

@@ -12,6 +12,7 @@ in rounds (``nets.greedy``).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Optional, Sequence, Tuple
 
@@ -57,12 +58,9 @@ class RNNTDecoder(PredictNetwork):
         )
 
     def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
-        """One token per row: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output
-        [B, H], (h, c)); ``self(y[:, None], state)`` with its last output. (On the CPU the
-        LSTM's weights are stored column-major at load, ``nets.layout``: its products are
-        BLAS's plain case.)"""
-        out, state = self(y[:, None], state)
-        return out[:, -1], state
+        """:func:`predict_step` on this network. (On the CPU the LSTM's weights are stored
+        column-major at load, ``nets.layout``: its products are BLAS's plain case.)"""
+        return predict_step(self, y, state)
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
         """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""
@@ -97,6 +95,14 @@ class RNNTJoint(JointNetwork):
         return x
 
 
+def predict_step(decoder, y: mx.array, state):
+    """One token per row through a prediction network ``decoder(y [B, U], state) -> (outputs
+    [B, U, H], state)``: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output [B, H],
+    (h, c)), the call's last output."""
+    out, state = decoder(y[:, None], state)
+    return out[:, -1], state
+
+
 def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_symbols: int):
     """One step of the greedy transducer rule (NeMo's, Transformers' batched decoder's) for
     every row of a batch, on the device.
@@ -105,7 +111,7 @@ def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_s
     (``length`` ``[B]``: its frames); ``pred`` ``[B, J]`` and ``h`` / ``c`` ``[layers, B, H]``:
     the prediction network's projected output and state after each row's last token; ``sym``
     ``[B]``: its tokens at the current frame; ``predict(y [B], (h, c)) -> (output [B, H],
-    (h, c))``: the prediction network's step (``RNNTDecoder.step``). The joint's argmax on a
+    (h, c))``: the prediction network's step (:func:`predict_step`). The joint's argmax on a
     blank advances the cursor and keeps the prediction, so the labels of the next frames are
     independent and the blank steps up to the window's first non-blank settle at once
     (``jump``); that token is emitted, the prediction network runs on it and its state is
@@ -150,13 +156,9 @@ def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, 
     """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
     ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
     order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
-    ``nets.greedy`` does. The prediction network runs as a plain call, one token per row
-    (what ``RNNTDecoder.step`` is, for any ``decoder(y, state)``)."""
+    ``nets.greedy`` does. The prediction network runs by :func:`predict_step`."""
 
-    def predict(y, state):
-        out, state = decoder(y[:, None], state)
-        return out[:, -1], state
-
+    predict = functools.partial(predict_step, decoder)
     one = mx.ones((enc_proj.shape[0],), mx.int32)
     t = sym = 0 * one
     labels = []
