@@ -201,7 +201,7 @@ def main() -> int:
         print(json.dumps(worker(args.worker, args.seconds, args.batch_seconds, args.repeats)))
         return 0
 
-    from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
+    from mlx_voicechat.nemotron_asr.factory import make_recognizer_checkpoint
 
     modes = ["reference", "openblas"] if args.blas == "both" else [args.blas]
     if "openblas" in modes and not os.path.exists(OPENBLAS):

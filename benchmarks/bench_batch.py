@@ -63,9 +63,9 @@ def worker(args) -> dict:
 
     if args.device == "gpu":
         mx.set_default_device(mx.gpu)
+    from mlx_voicechat.fastpaths.system import blas_in_effect
     from mlx_voicechat.nemotron_voicechat import Model
-    from mlx_voicechat.runtime.system import blas_in_effect
-    from mlx_voicechat.weights.random_model import random_model
+    from mlx_voicechat.nemotron_voicechat.weights.random_model import random_model
 
     dtype = "bfloat16" if args.quantize else "float32"
     model = random_model(

@@ -20,7 +20,7 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 import mlx.core as mx
-from mlx_voicechat.weights.convert import convert
+from mlx_voicechat.nemotron_voicechat.weights.convert import convert
 import mlx_voicechat.nemotron_voicechat, mlx_lm.models.nemotron_h, transformers, safetensors  # imports first
 def hwm_mib():
     for line in open("/proc/self/status"):
@@ -43,15 +43,22 @@ def write_source(folder: Path, hidden: int) -> None:
     import mlx.core as mx
 
     from mlx_voicechat.config import VoiceChatConfig
-    from mlx_voicechat.weights.factory import (
+    from mlx_voicechat.nemotron_voicechat.model import VoiceChatModel
+    from mlx_voicechat.nemotron_voicechat.weights.factory import (
         build_tokenizer,
         nemo_config,
         random_weights,
         scale_config,
     )
-    from mlx_voicechat.model import VoiceChatModel
-    from mlx_voicechat.weights.sanitize import conv_transpose_keys, to_torch_layout
-    from mlx_voicechat.weights.writer import save_safetensors, write_json, write_rnnt_tokenizer
+    from mlx_voicechat.nemotron_voicechat.weights.sanitize import (
+        conv_transpose_keys,
+        to_torch_layout,
+    )
+    from mlx_voicechat.nemotron_voicechat.weights.writer import (
+        save_safetensors,
+        write_json,
+        write_rnnt_tokenizer,
+    )
 
     d = scale_config("medium").to_dict()
     d["text_config"].update(hidden_size=hidden, intermediate_size=2 * hidden)

@@ -46,9 +46,9 @@ CHUNK = 1280  # 80 ms at 16 kHz
 FRAME_S = 0.08
 STEADY_FRAME = 72  # from here on the encoder's 70-frame context is full (its compiled step)
 ORACLE_FILES = (
-    "tests/nets/test_perception.py", "tests/nets/test_rnnt.py", "tests/nets/test_llm.py",
-    "tests/nets/test_char_encoder.py", "tests/nets/test_tts.py", "tests/nets/test_codec.py",
-    "tests/runtime/test_duplex.py", "tests/runtime/test_session.py",
+    "tests/nemotron_voicechat/nets/test_perception.py", "tests/listen/test_rnnt.py", "tests/nemotron_voicechat/nets/test_llm.py",
+    "tests/nemotron_voicechat/nets/test_char_encoder.py", "tests/nemotron_voicechat/nets/test_tts.py", "tests/nemotron_voicechat/nets/test_codec.py",
+    "tests/nemotron_voicechat/runtime/test_duplex.py", "tests/nemotron_voicechat/runtime/test_session.py",
 )
 ORACLE_SELECT = "oracle04 or not test_session"  # test_session: only its oracle 04 replays
 DEFAULTS = {  # device: (scale, seconds, budget s)
@@ -84,7 +84,7 @@ def _use_device(name: str):
 
 def _build(args):
     from mlx_voicechat.nemotron_voicechat import Model
-    from mlx_voicechat.weights.random_model import random_model
+    from mlx_voicechat.nemotron_voicechat.weights.random_model import random_model
 
     q = None if args.quantize == 0 else args.quantize
     return random_model(args.scale, quantize=q, dtype=args.dtype, seed=0, model_class=Model)

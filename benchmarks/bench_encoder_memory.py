@@ -23,7 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_audio.dsp import hanning, mel_filters
 from mlx_voicechat.config import AudioConfig, EncoderConfig
-from mlx_voicechat.nets.perception import Perception
+from mlx_voicechat.nemotron_voicechat.nets.perception import Perception
 
 a = json.loads(sys.argv[1])
 enc = EncoderConfig(n_layers=a["layers"], d_model=a["d_model"], n_heads=a["heads"])

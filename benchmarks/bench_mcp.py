@@ -73,7 +73,7 @@ class NullSink:
 
 def run(model, transport, seconds, tool_seconds, http_url):
     from mlx_voicechat.cli.chat import chat_loop
-    from mlx_voicechat.runtime.mcp import MCPTools, parse_config
+    from mlx_voicechat.nemotron_voicechat.runtime.mcp import MCPTools, parse_config
 
     if transport == "stdio":
         server = {"command": sys.executable, "args": [str(SERVER), "stdio", "--only", "wait_for"]}

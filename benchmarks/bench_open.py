@@ -80,7 +80,7 @@ def plain_prefill(model, rows):
 
 
 def bench(model, name, lengths, before_max):
-    from mlx_voicechat.runtime.framestate import prompt_chain
+    from mlx_voicechat.nemotron_voicechat.runtime.framestate import prompt_chain
 
     longest = max(lengths)
     salt = 0

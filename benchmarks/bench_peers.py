@@ -165,12 +165,12 @@ def _profile_ours(model, audio) -> dict:
     step's own functions wrapped with timers, so the profile runs the real step."""
     import mlx.core as mx
 
-    from mlx_voicechat.nets.tts import EarTTS
-    from mlx_voicechat.nets.tts_backbone import Backbone
-    from mlx_voicechat.runtime import generate as offline
-    from mlx_voicechat.runtime import step as frame_step
-    from mlx_voicechat.runtime.framestate import open_state
-    from mlx_voicechat.runtime.request import resolve
+    from mlx_voicechat.nemotron_voicechat.nets.tts import EarTTS
+    from mlx_voicechat.nemotron_voicechat.nets.tts_backbone import Backbone
+    from mlx_voicechat.nemotron_voicechat.runtime import generate as offline
+    from mlx_voicechat.nemotron_voicechat.runtime import step as frame_step
+    from mlx_voicechat.nemotron_voicechat.runtime.framestate import open_state
+    from mlx_voicechat.nemotron_voicechat.runtime.request import resolve
 
     acc = {}
 

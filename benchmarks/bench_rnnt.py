@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def revision_decoder(rev: str):
     """``greedy_decode`` as written in ``nets/rnnt.py`` at ``rev``, run in that module's
     namespace as it is today (its imports)."""
-    import mlx_voicechat.nets.rnnt as rnnt
+    import mlx_voicechat.listen.rnnt as rnnt
 
     src = subprocess.run(
-        ["git", "show", f"{rev}:mlx_voicechat/nets/rnnt.py"],
+        ["git", "show", f"{rev}:mlx_voicechat/nets/rnnt.py"],  # where it was
         cwd=ROOT, check=True, capture_output=True, text=True,
     ).stdout
     if "def greedy_decode(" not in src:
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
     import mlx.core as mx
 
     from mlx_voicechat import load
+    from mlx_voicechat.derived import reset_derived
     from mlx_voicechat.factory import make_checkpoint
-    from mlx_voicechat.nets.derived import reset_derived
-    from mlx_voicechat.nets.greedy import greedy_decode
+    from mlx_voicechat.listen.greedy import greedy_decode
 
     ckpt = Path(args.dir) / f"{args.scale}-mlx-community"
     if not (ckpt / "config.json").exists():

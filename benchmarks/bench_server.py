@@ -468,7 +468,7 @@ async def joiner(port, instructions, rng, delay):
 
 def new_instructions(model, tokens, seed):
     """Instructions of about ``tokens`` tokens of words no session has seen."""
-    from mlx_voicechat.runtime.request import prompt_ids
+    from mlx_voicechat.nemotron_voicechat.runtime.request import prompt_ids
 
     rng = np.random.default_rng(seed)
     words = ["alpha", "river", "orange", "seven", "table", "quiet", "north", "maple", "signal"]
@@ -481,7 +481,7 @@ def new_instructions(model, tokens, seed):
 def join_stall(model, tokens=1000, live=3, seconds=12.0, grown=True):
     """``grown``: the seed's prompt chain is first grown past the prompt's length by a session
     with a longer prompt of other words (the issue's setting); otherwise the join grows it."""
-    from mlx_voicechat.runtime.request import prompt_ids
+    from mlx_voicechat.nemotron_voicechat.runtime.request import prompt_ids
 
     instructions = new_instructions(model, tokens, seed=int(time.time()))
     n = len(prompt_ids(model, instructions))

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_voicechat.runtime.vad import SpeechDetector
+from mlx_voicechat.audio.vad import SpeechDetector
 from mlx_voicechat.serve.app import ServerThread, create_app
 from mlx_voicechat.serve.wire import Resampler
 from mlx_voicechat.serve.worker import Worker

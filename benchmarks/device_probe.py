@@ -23,13 +23,13 @@ from mlx.utils import tree_flatten
 
 # (module, class or None for a module function, attribute, stage)
 STAGE_HOOKS = (
-    ("mlx_voicechat.nets.encoder", "FastConformer", "step_rows", "encoder"),
-    ("mlx_voicechat.nets.rnnt", "FrameDecoder", "__call__", "rnnt"),
-    ("mlx_voicechat.runtime.step", None, "_think", "llm_heads"),
-    ("mlx_voicechat.nets.tts", "EarTTS", "step_inputs", "tts_inputs"),
-    ("mlx_voicechat.nets.tts_backbone", "Backbone", "__call__", "tts_backbone"),
-    ("mlx_voicechat.nets.tts", "EarTTS", "generate_codes", "mog"),
-    ("mlx_voicechat.nets.codec", "AudioCodec", "decode_step", "codec"),
+    ("mlx_voicechat.listen.fastconformer", "FastConformer", "step_rows", "encoder"),
+    ("mlx_voicechat.listen.rnnt", "FrameDecoder", "__call__", "rnnt"),
+    ("mlx_voicechat.nemotron_voicechat.runtime.step", None, "_think", "llm_heads"),
+    ("mlx_voicechat.nemotron_voicechat.nets.tts", "EarTTS", "step_inputs", "tts_inputs"),
+    ("mlx_voicechat.nemotron_voicechat.nets.tts_backbone", "Backbone", "__call__", "tts_backbone"),
+    ("mlx_voicechat.nemotron_voicechat.nets.tts", "EarTTS", "generate_codes", "mog"),
+    ("mlx_voicechat.nemotron_voicechat.nets.codec", "AudioCodec", "decode_step", "codec"),
 )
 STAGES = tuple(h[3] for h in STAGE_HOOKS)
 SYNC_METHODS = ("item", "tolist", "__array__", "__int__", "__float__", "__bool__", "__index__")
@@ -162,8 +162,8 @@ def shape_only_model(scale: str, quantize, dtype: str):
     from mlx.utils import tree_map
 
     from mlx_voicechat.nemotron_voicechat import Model
-    from mlx_voicechat.weights.scales import scale_config
-    from mlx_voicechat.weights.writer import listed_modules, quantization_map
+    from mlx_voicechat.nemotron_voicechat.weights.scales import scale_config
+    from mlx_voicechat.nemotron_voicechat.weights.writer import listed_modules, quantization_map
 
     model = Model(scale_config(scale))
     target = getattr(mx, dtype)

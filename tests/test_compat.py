@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 from mlx_voicechat import load
-from mlx_voicechat.errors import VoiceChatError
-from mlx_voicechat.runtime import compat
-from mlx_voicechat.errors import GenerationError
-from mlx_voicechat.runtime.request import (
+from mlx_voicechat.errors import GenerationError, VoiceChatError
+from mlx_voicechat.nemotron_voicechat.runtime import compat
+from mlx_voicechat.nemotron_voicechat.runtime.request import (
     DEFAULT_SYSTEM_PROMPT,
     prompt_ids,
     resolve_system_prompt,
@@ -333,7 +332,7 @@ def test_default_system_prompt(tiny, monkeypatch):
     assert tiny.session("").prompt_ids == []
     assert tiny.create_duplex_session().session.prompt_ids == default
     # generate: the ids the session starts from (stopped there; the loop is tested elsewhere).
-    from mlx_voicechat.runtime import generate as offline
+    from mlx_voicechat.nemotron_voicechat.runtime import generate as offline
 
     seen = []
 

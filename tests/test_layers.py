@@ -1,5 +1,6 @@
-"""The package's layers, read from the source: every import (those inside functions too) points
-to the same or a lower layer, and no module reaches itself through its imports."""
+"""The package's families and their layers, read from the source: every import (those inside
+functions too) points to the same or a lower (family, layer), and no module reaches itself
+through its imports."""
 
 import ast
 from pathlib import Path
@@ -9,30 +10,56 @@ import pytest
 PACKAGE = "mlx_voicechat"
 SOURCE = Path(__file__).resolve().parents[1] / PACKAGE
 
-# Lowest first. A module belongs to the first entry that is its name or a package above it.
-LAYERS = [
-    ("errors", "noise", "files"),  # one-line errors; noise sources; file-system helpers
-    ("config",),  # the dataclass tree every network is built from
-    ("nets.mel", "nets"),  # the log-mel front-end and resampler; perception, rnnt, llm, tts,
-    # char_encoder, codec (and their weight layout)
-    ("model",),  # the parameter tree of the whole model
-    ("weights", "factory"),  # sanitize, loading, writing, convert, the random-weight factory
-    ("runtime",),  # audio I/O, the per-frame step, offline generate, transcribe, sessions
-    ("nemotron_voicechat", "recognizer", ""),  # the entry points: mlx-lm / mlx-audio's module,
-    # the user-facing Nemotron-3.5-ASR recognizer, the package
-    ("serve",),  # the Realtime protocol, the server, the web page
-    ("cli",),  # one module per verb
-    ("__main__",),
+# Families, lowest first, and each family's layers, lowest first: a module imports from its own
+# (family, layer), an earlier layer of its family, or an earlier family. A family's names are
+# relative to its folder (the shared family's are the package's own top-level names); a module
+# belongs to the first entry that is its name or a package above it ("" is the family's
+# package itself, "*" all of its folder).
+FAMILIES = [
+    (
+        "",  # shared by both models
+        [
+            ("errors", "noise", "files", "threads", "derived", "caches"),  # errors; noise
+            # sources; file-system helpers; MLX threads; values derived from weights; row caches
+            ("config",),  # the dataclass tree every network is built from
+            ("fastpaths",),  # the fast-path registry, the CPU layouts and BLAS
+            ("audio",),  # audio I/O, the one log-mel and resampler, AudioIn, VAD, devices
+            ("listen",),  # the one FastConformer, the RNNT and its one greedy decoder
+        ],
+    ),
+    (
+        "nemotron_voicechat",
+        [("nets",), ("model",), ("weights",), ("runtime",), ("",)],  # "": mlx-lm's module
+    ),
+    (
+        "nemotron_asr",
+        [
+            ("config_transformers", "config"),
+            ("network",),
+            ("layout", "loading", "factory"),
+            ("transcribe", "session"),
+            ("recognizer", ""),
+        ],
+    ),
+    ("", [("",), ("factory", "runtime")]),  # the package (load()); the first layout's paths
+    ("serve", [("*",)]),  # the Realtime protocol, the server, the web page
+    ("cli", [("*",)]),  # one module per verb
+    ("__main__", [("",)]),
 ]
 
 
-def layer_of(module: str) -> int:
+def layer_of(module: str) -> tuple:
+    """(family, layer) of a module, as indices into FAMILIES."""
     rel = module[len(PACKAGE) + 1 :] if module != PACKAGE else ""
-    for i, names in enumerate(LAYERS):
-        for name in names:
-            if rel == name or (name and rel.startswith(name + ".")):
-                return i
-    raise AssertionError(f"{module} is in no layer; add it to LAYERS in {__file__}")
+    for i, (folder, layers) in enumerate(FAMILIES):
+        if folder and rel != folder and not rel.startswith(folder + "."):
+            continue
+        inner = rel[len(folder) + 1 :] if folder and rel != folder else ("" if folder else rel)
+        for j, names in enumerate(layers):
+            for name in names:
+                if inner == name or name == "*" or (name and inner.startswith(name + ".")):
+                    return (i, j)
+    raise AssertionError(f"{module} is in no layer; add it to FAMILIES in {__file__}")
 
 
 def modules(root: Path, package: str = PACKAGE) -> dict:
@@ -133,27 +160,58 @@ def test_no_import_cycle(edges):
 
 
 def test_model_reaches_neither_weights_nor_runtime(edges):
+    family = f"{PACKAGE}.nemotron_voicechat"
     assert not {
         t
-        for t in edges[f"{PACKAGE}.model"]
-        if t.startswith((f"{PACKAGE}.weights", f"{PACKAGE}.runtime"))
+        for t in edges[f"{family}.model"]
+        if t.startswith((f"{family}.weights", f"{family}.runtime"))
+    }
+
+
+def test_the_shared_families_reach_neither_model(edges):
+    shared = [m for m in edges if layer_of(m)[0] == 0]
+    assert f"{PACKAGE}.listen.greedy" in shared and f"{PACKAGE}.audio.mel" in shared
+    assert not {
+        (m, t)
+        for m in shared
+        for t in edges[m]
+        if t.startswith((f"{PACKAGE}.nemotron_voicechat", f"{PACKAGE}.nemotron_asr"))
     }
 
 
 def test_the_checker_sees_function_level_upward_imports_and_cycles(tmp_path):
     pkg = tmp_path / PACKAGE
-    (pkg / "nets").mkdir(parents=True)
+    (pkg / "listen").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("")
-    (pkg / "nets" / "__init__.py").write_text("")
-    (pkg / "nets" / "a.py").write_text("def f():\n    from ..runtime import duplex\n")
-    (pkg / "nets" / "b.py").write_text("from . import c\nfrom mlx_voicechat.errors import X\n")
-    (pkg / "nets" / "c.py").write_text("import mlx_voicechat.nets.b\n")
-    (pkg / "runtime").mkdir()
-    (pkg / "runtime" / "__init__.py").write_text("")
-    (pkg / "runtime" / "duplex.py").write_text("")
+    (pkg / "listen" / "__init__.py").write_text("")
+    a = "def f():\n    from ..nemotron_voicechat.runtime import duplex\n"
+    (pkg / "listen" / "a.py").write_text(a)
+    (pkg / "listen" / "b.py").write_text("from . import c\nfrom mlx_voicechat.errors import X\n")
+    (pkg / "listen" / "c.py").write_text("import mlx_voicechat.listen.b\n")
+    (pkg / "nemotron_voicechat" / "runtime").mkdir(parents=True)
+    (pkg / "nemotron_voicechat" / "__init__.py").write_text("")
+    (pkg / "nemotron_voicechat" / "runtime" / "__init__.py").write_text("")
+    (pkg / "nemotron_voicechat" / "runtime" / "duplex.py").write_text("")
+    (pkg / "nemotron_voicechat" / "runtime" / "up.py").write_text("from ... import load\n")
     g = graph(pkg)
-    assert g[f"{PACKAGE}.nets.a"] == {f"{PACKAGE}.runtime.duplex"}
-    assert g[f"{PACKAGE}.nets.b"] == {f"{PACKAGE}.nets.c", f"{PACKAGE}.errors"}
-    assert upward(g) == [f"{PACKAGE}.nets.a (layer 2) imports {PACKAGE}.runtime.duplex (layer 5)"]
-    assert cycle(g) == [f"{PACKAGE}.nets.b", f"{PACKAGE}.nets.c", f"{PACKAGE}.nets.b"]
+    duplex = f"{PACKAGE}.nemotron_voicechat.runtime.duplex"
+    assert g[f"{PACKAGE}.listen.a"] == {duplex}
+    assert g[f"{PACKAGE}.listen.b"] == {f"{PACKAGE}.listen.c", f"{PACKAGE}.errors"}
+    assert upward(g) == [
+        f"{PACKAGE}.listen.a (layer (0, 4)) imports {duplex} (layer (1, 3))",
+        f"{PACKAGE}.nemotron_voicechat.runtime.up (layer (1, 3)) imports {PACKAGE} (layer (3, 0))",
+    ]
+    assert cycle(g) == [f"{PACKAGE}.listen.b", f"{PACKAGE}.listen.c", f"{PACKAGE}.listen.b"]
+
+
+def test_a_family_layer_is_found_by_family_then_layer():
+    assert layer_of(f"{PACKAGE}.errors") == (0, 0)
+    assert layer_of(f"{PACKAGE}.listen.rnnt") == (0, 4)
+    assert layer_of(f"{PACKAGE}.nemotron_voicechat.nets.llm") == (1, 0)
+    assert layer_of(f"{PACKAGE}.nemotron_voicechat") == (1, 4)
+    assert layer_of(f"{PACKAGE}.nemotron_asr.session") == (2, 3)
+    assert layer_of(f"{PACKAGE}.runtime.session") == (3, 1)
+    assert layer_of(f"{PACKAGE}.serve.app") == (4, 0)
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of(f"{PACKAGE}.nemotron_voicechat.unplaced")

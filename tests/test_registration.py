@@ -95,7 +95,7 @@ def test_override_off_lets_builtin_win(tiny_checkpoints):
     out = run(code, {"MLX_VOICECHAT_OVERRIDE": "0"})
     assert "mlx_audio/sts/models/nemotron_voicechat/__init__.py" in out
     out = run(code)
-    assert "mlx_voicechat/nemotron_voicechat.py" in out
+    assert "mlx_voicechat/nemotron_voicechat/__init__.py" in out
 
 
 def test_submodule_alias():
@@ -176,7 +176,7 @@ def test_wheel_install_registers(wheel_python, tiny_checkpoints):
     out = run(
         MLX_LM.format(path=str(tiny_checkpoints["mlx-community"])), python=py, pythonpath=deps
     )
-    assert f"{site}/mlx_voicechat/nemotron_voicechat.py" in out
+    assert f"{site}/mlx_voicechat/nemotron_voicechat/__init__.py" in out
     out = run(MLX_AUDIO.format(path=str(tiny_checkpoints["nvidia"])), python=py, pythonpath=deps)
     assert "MODULE mlx_voicechat.nemotron_voicechat" in out
     out = run("import sys; print('mlx' in sys.modules)", python=py, pythonpath=deps)

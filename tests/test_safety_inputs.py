@@ -131,7 +131,7 @@ def test_rnnt_vocabulary_shorter_than_the_joint(ckpt, copy_of):
 
 
 def test_channel_layouts_by_shape(tiny):
-    from mlx_voicechat.runtime.audio import load_audio
+    from mlx_voicechat.audio.io import load_audio
 
     tone = _wave(1.0)
     many = np.stack([tone] * 16)  # [16, N]: more channels than any layout allows
@@ -148,7 +148,7 @@ def test_channel_layouts_by_shape(tiny):
 
 
 def test_many_channel_file_is_mixed(tmp_path):
-    from mlx_voicechat.runtime.audio import load_audio
+    from mlx_voicechat.audio.io import load_audio
 
     tone = _wave(0.5)
     sf.write(tmp_path / "m.wav", np.stack([tone] * 12, axis=1), 16000, subtype="FLOAT")
@@ -159,7 +159,7 @@ def test_many_channel_file_is_mixed(tmp_path):
 
 
 def test_truncated_wav_warns_with_its_name(ckpt, tmp_path, capsys):
-    from mlx_voicechat.runtime.audio import AudioWarning, load_audio
+    from mlx_voicechat.audio.io import AudioWarning, load_audio
 
     full = tmp_path / "full.wav"
     sf.write(full, _wave(1.0), 16000, subtype="PCM_16")

@@ -66,7 +66,7 @@ def test_dev_null_output_is_written_through():
         import os, sys
         import numpy as np
         import soundfile  # imported while the interpreter's folder is still readable
-        from mlx_voicechat.runtime.audio import check_output, save_wav
+        from mlx_voicechat.audio.io import check_output, save_wav
 
         if os.geteuid() == 0:
             os.setgroups([])

@@ -20,7 +20,7 @@ from mlx_voicechat import load
 
 _SIGNAL_DURING = """
     import os, signal, sys
-    import mlx_voicechat.weights.writer as writer
+    import mlx_voicechat.nemotron_voicechat.weights.writer as writer
     from mlx_voicechat.cli import main
 
     name = sys.argv[1]
@@ -53,7 +53,7 @@ def test_make_checkpoint_sighup_removes_the_temp_folder(tmp_path):
 def test_generate_sigterm_leaves_no_file(ckpt, question, tmp_path):
     code = """
         import os, signal, sys
-        import mlx_voicechat.runtime.step as frame_step
+        import mlx_voicechat.nemotron_voicechat.runtime.step as frame_step
         from mlx_voicechat.cli import main
 
         real = frame_step._speak

@@ -21,7 +21,7 @@ NETWORKS = OrderedDict(
 
 
 def recognizer_info(folder: Path, raw: dict) -> dict:
-    from ..weights.asr_loading import read_recognizer_config
+    from ..nemotron_asr.loading import read_recognizer_config
 
     config = read_recognizer_config(folder, raw)
     shapes = tensor_headers(folder)

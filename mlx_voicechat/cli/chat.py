@@ -73,7 +73,7 @@ def chat_loop(
     ``tools`` (a started ``runtime.mcp.MCPTools``) runs the calls the model makes to its
     tools; each outcome is queued into the session before the next block and handed to
     ``on_outcome``."""
-    from ..runtime.devices import DeviceError
+    from ..audio.devices import DeviceError
 
     if sink.sample_rate != session.output_sample_rate:
         raise DeviceError(
@@ -107,7 +107,7 @@ def chat_loop(
 def inject_results(session, tools, on_outcome=None) -> list:
     """Queue the outcomes of the calls that finished since the last look (an error as
     ``{"error": message}``, so the model hears it); returns them."""
-    from ..runtime.tools import ToolError
+    from ..nemotron_voicechat.runtime.tools import ToolError
 
     done = tools.take_finished()
     for outcome in done:
@@ -132,7 +132,7 @@ def print_outcome(printer, outcome) -> None:
 
 def start_mcp(path, timeout: float, taken=()):
     """The started MCP servers of ``--mcp FILE`` (stopped again if one fails to start)."""
-    from ..runtime.mcp import MCPTools, read_config
+    from ..nemotron_voicechat.runtime.mcp import MCPTools, read_config
 
     specs = read_config(path)
     tools = MCPTools(specs, timeout=timeout)
@@ -157,15 +157,15 @@ def _device(name):
 
 def run(args) -> int:
     from .. import load
-    from ..runtime import devices
+    from ..audio import devices
 
     mic_device, speaker_device = _device(args.input_device), _device(args.output_device)
     devices.check(mic_device, speaker_device)  # a missing device fails before the model loads
-    from ..runtime.tools import read_tools_file
+    from ..nemotron_voicechat.runtime.tools import read_tools_file
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     if args.mcp is not None:
-        from ..runtime.mcp import MCPError, read_config, require_sdk
+        from ..nemotron_voicechat.runtime.mcp import MCPError, read_config, require_sdk
 
         require_sdk()
         read_config(args.mcp)  # a bad file, too

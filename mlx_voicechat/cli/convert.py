@@ -41,8 +41,8 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ..nemotron_voicechat import Model
-    from ..weights.convert import SEED_AUDIO_SECONDS, convert, tts_agreement
-    from ..weights.writer import listed_modules
+    from ..nemotron_voicechat.weights.convert import SEED_AUDIO_SECONDS, convert, tts_agreement
+    from ..nemotron_voicechat.weights.writer import listed_modules
 
     out = convert(
         args.source,

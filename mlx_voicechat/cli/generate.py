@@ -61,8 +61,8 @@ class _Progress:
 
 def run(args) -> int:
     from .. import load
-    from ..runtime.audio import check_output, load_audio
-    from ..runtime.request import check_extra_seconds, check_seed
+    from ..audio.io import check_output, load_audio
+    from ..nemotron_voicechat.runtime.request import check_extra_seconds, check_seed
 
     # The request's own checks, under the flags' names; whether the audio and its trailing
     # silence fit in the LLM's context, generate() checks before it makes the silence.
@@ -71,17 +71,17 @@ def run(args) -> int:
     # Everything that can refuse the output is checked before the model loads.
     out = Path(args.output_audio)
     check_output(out, inputs=[args.audio])
-    from ..runtime.tools import read_tools_file
+    from ..nemotron_voicechat.runtime.tools import read_tools_file
 
     tools = read_tools_file(args.tools)
     if args.plot:  # checked before the long work, like the WAV
-        from ..runtime import plot
+        from ..nemotron_voicechat.runtime import plot
 
         plot.check_available()
         check_output(args.plot, inputs=[args.audio, out])
     samples = load_audio(args.audio)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)
-    from ..recognizer import require_voicechat
+    from ..nemotron_asr.recognizer import require_voicechat
 
     require_voicechat(model, "generate")
     progress = _Progress(not args.quiet)
@@ -120,7 +120,7 @@ def run(args) -> int:
 def _plot(model, result, samples, args) -> None:
     import numpy as np
 
-    from ..runtime import plot
+    from ..nemotron_voicechat.runtime import plot
 
     rate = model.config.input_sample_rate
     heard = np.concatenate(

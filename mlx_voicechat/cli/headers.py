@@ -19,7 +19,7 @@ def tensor_headers(folder) -> dict:
     from safetensors import safe_open
 
     from ..errors import CheckpointError
-    from ..weights.loading import weight_files
+    from ..nemotron_voicechat.weights.loading import weight_files
 
     shapes = {}
     for f in weight_files(folder):

@@ -55,7 +55,7 @@ def _infer_quantization(config, shapes, quantized) -> dict:
     """``{module: (bits, group_size)}`` from the packed shapes and the model's float widths."""
     from mlx.utils import tree_flatten
 
-    from ..model import VoiceChatModel
+    from ..nemotron_voicechat.model import VoiceChatModel
 
     widths = {
         k[: -len(".weight")]: v.shape[-1]
@@ -75,8 +75,8 @@ def _infer_quantization(config, shapes, quantized) -> dict:
 def checkpoint_info(path) -> dict:
     """Layout, dtypes, quantization and parameter counts per network, from file headers only."""
     from ..config import VoiceChatConfig
-    from ..config.asr import is_recognizer_config
-    from ..weights.loading import read_config, resolve_path
+    from ..nemotron_asr.config import is_recognizer_config
+    from ..nemotron_voicechat.weights.loading import read_config, resolve_path
 
     folder = resolve_path(path)
     raw = read_config(folder)
@@ -135,7 +135,7 @@ def run(args) -> int:
 
         raise VoiceChatError("info needs a checkpoint (a folder or hub id), or --system")
     if args.system:
-        from ..runtime.system import system_info
+        from ..fastpaths.system import system_info
 
         system = system_info()
         if args.json and args.model is None:

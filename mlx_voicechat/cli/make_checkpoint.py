@@ -38,10 +38,10 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ..errors import VoiceChatError
-    from ..weights.factory import make_checkpoint
+    from ..nemotron_voicechat.weights.factory import make_checkpoint
 
     if getattr(args, "model", "voicechat") == "asr":
-        from ..weights.asr_factory import make_recognizer_checkpoint
+        from ..nemotron_asr.factory import make_recognizer_checkpoint
 
         layout = args.layout or "mlx-audio"
         if args.scale == "medium" or args.no_tokenizer:

@@ -216,7 +216,7 @@ def run(args) -> int:
         if not prefix.startswith(("http://", "https://")) or "://" == prefix[-3:]:
             raise ServeError(f"--mcp-allow takes an http:// or https:// URL prefix, not {prefix!r}")
     if args.mcp_allow:
-        from ..runtime.mcp import require_sdk
+        from ..nemotron_voicechat.runtime.mcp import require_sdk
 
         require_sdk()  # a one-line error now rather than at a client's first mcp tool
     limits = Limits(args.max_connections, args.header_timeout, args.keep_alive_timeout)

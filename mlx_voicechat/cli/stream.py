@@ -210,9 +210,9 @@ def rtf_line(run: StreamRun) -> str:
 
 def run(args) -> int:
     from .. import load
-    from ..runtime import plot
-    from ..runtime.audio import check_output, load_audio, save_wav
-    from ..runtime.request import check_extra_seconds
+    from ..audio.io import check_output, load_audio, save_wav
+    from ..nemotron_voicechat.runtime import plot
+    from ..nemotron_voicechat.runtime.request import check_extra_seconds
 
     extra = check_extra_seconds(args.extra_decoding_seconds)
     if args.output_audio:  # a bad output fails before the long work
@@ -221,7 +221,7 @@ def run(args) -> int:
         plot.check_available()
         check_output(args.plot, inputs=[args.audio, args.output_audio])
     samples = load_audio(args.audio)
-    from ..runtime.tools import read_tools_file
+    from ..nemotron_voicechat.runtime.tools import read_tools_file
 
     tools = read_tools_file(args.tools)  # a bad file fails before the model loads
     model = load(args.model, tokenizer=args.tokenizer)

@@ -44,8 +44,8 @@ def add_parser(subparsers):
 def run(args, load_fn=None) -> int:
     """Prints the transcripts (and the benchmark); returns the exit code. ``load_fn(path)``
     (default: :func:`mlx_voicechat.load` with ``--tokenizer``) returns the model."""
+    from ..audio.io import INPUT_SAMPLE_RATE, load_audio
     from ..errors import VoiceChatError
-    from ..runtime.audio import INPUT_SAMPLE_RATE, load_audio
 
     if load_fn is None:
         from .. import load

@@ -15,6 +15,16 @@ from ..errors import CheckpointError
 
 MODEL_TYPE = "nemotron_voicechat"
 SPEAKER = "Aria"
+# The recognizer's model types (mlx-audio's, then Transformers'): the factory and load() tell
+# the two models apart by them.
+MLX_AUDIO_TYPE = "nemotron_asr"
+TRANSFORMERS_TYPES = ("nemotron3_5_asr", "nemotron_asr_streaming")
+RECOGNIZER_TYPES = (MLX_AUDIO_TYPE,) + TRANSFORMERS_TYPES
+
+
+def is_recognizer_config(raw: Any) -> bool:
+    """Whether a ``config.json`` object describes Nemotron-3.5-ASR (either layout)."""
+    return isinstance(raw, dict) and raw.get("model_type") in RECOGNIZER_TYPES
 
 
 class ConfigError(CheckpointError):

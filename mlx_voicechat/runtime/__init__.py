@@ -1,5 +1,3 @@
-"""Running the model: ``request`` (a conversation's options, checked once), ``framestate`` (what
-conversations carry between frames) and ``step`` (the one frame step), ``generate`` (offline),
-``batch`` / ``session`` (live conversations, with ``audioin`` and ``events``),
-``transcribe`` (the RNNT transcript), ``audio`` (reading and writing audio) and ``textstream``
-(incremental text)."""
+"""The documented import paths of the package's first layout, kept working: each module here is
+the module it names (one module object under both names), ``mlx_voicechat.runtime.session`` is
+:mod:`mlx_voicechat.nemotron_voicechat.runtime.session`, and so on (docs/architecture.md)."""

@@ -23,7 +23,8 @@ from .secrets import PresetSocket, SecretRefused, bearer_secret, refusal
 from .server import CLOSE_RESTART, SHUTDOWN_CODE, Server
 from .settings import ServerSettings
 from .transcription_connection import serve_connection, warm_up
-from .webrtc import ICE_TIMEOUT, close_calls, install as install_webrtc
+from .webrtc import ICE_TIMEOUT, close_calls
+from .webrtc import install as install_webrtc
 from .worker import Worker
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import VoiceChatError
-from ..runtime.tools import ToolError
+from ..nemotron_voicechat.runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
 from .mcp_runner import McpRunner
 from .protocol import Realtime

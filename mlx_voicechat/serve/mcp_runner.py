@@ -32,7 +32,7 @@ class McpRunner:
 
     def _client(self):
         if self.client is None:
-            from ..runtime.mcp import MCPClient
+            from ..nemotron_voicechat.runtime.mcp import MCPClient
 
             self.client = MCPClient(
                 timeout=self.policy.timeout,
@@ -43,7 +43,7 @@ class McpRunner:
         return self.client
 
     async def _run(self, job: McpJob) -> None:
-        from ..runtime.mcp import MCPError, ServerSpec
+        from ..nemotron_voicechat.runtime.mcp import MCPError, ServerSpec
 
         mcp = self.c.protocol.mcp
         if job.kind == "list":

@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..runtime.mcp_config import shown_url
-from ..runtime.tools import MAX_TOOLS
+from ..nemotron_voicechat.runtime.mcp_config import shown_url
+from ..nemotron_voicechat.runtime.tools import MAX_TOOLS
 from .wire import Event, ProtocolError, ToolResult, _new_id
 
 DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
@@ -269,7 +269,7 @@ class McpTools:
         return events, p._restart()
 
     def _rename(self) -> None:
-        from ..runtime.mcp_config import function_tool, name_tools
+        from ..nemotron_voicechat.runtime.mcp_config import function_tool, name_tools
 
         listed = [(s.label, s.tools) for s in self.servers.values() if s.active and s.tools]
         named = name_tools(listed, [t["name"] for t in self.p.tools])

@@ -17,7 +17,7 @@ import json
 import logging
 from typing import List, Optional, Tuple
 
-from ..runtime.request import resolve_system_prompt
+from ..nemotron_voicechat.runtime.request import resolve_system_prompt
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
 from .wire import (

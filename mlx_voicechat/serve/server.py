@@ -9,8 +9,8 @@ import ipaddress
 import time
 from typing import List, Optional, Set
 
-from ..runtime.request import prompt_ids, resolve_system_prompt
-from ..runtime.tools import render_system_prompt
+from ..nemotron_voicechat.runtime.request import prompt_ids, resolve_system_prompt
+from ..nemotron_voicechat.runtime.tools import render_system_prompt
 from .mcp_tools import McpPolicy
 from .metrics import Metrics
 from .settings import ServerSettings
@@ -78,7 +78,7 @@ class Server:
     def open_session(self, instructions: Optional[str], tools=()):
         """On the worker: a new conversation of the server's batch with the client's
         instructions and tools (see :mod:`.stepper`)."""
-        from ..runtime.framestate import PROMPT_STATES
+        from ..nemotron_voicechat.runtime.framestate import PROMPT_STATES
 
         t, before = time.perf_counter(), dict(PROMPT_STATES)
         session = self._open(instructions, tools)

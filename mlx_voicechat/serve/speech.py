@@ -1,5 +1,5 @@
 """``input_audio_buffer.speech_started`` / ``speech_stopped`` for one connection: the speech
-detector (:mod:`mlx_voicechat.runtime.vad`) on the 16 kHz input as the client's audio arrives,
+detector (:mod:`mlx_voicechat.audio.vad`) on the 16 kHz input as the client's audio arrives,
 before it waits for the model, so a framework that stops its playback on ``speech_started``
 does so a few tens of milliseconds after the user's onset.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.vad import SpeechDetector
+from ..audio.vad import SpeechDetector
 from .wire import MODEL_INPUT_RATE, Event
 
 

@@ -1,7 +1,8 @@
 """The server's conversations as one batch on the worker thread.
 
 Each conversation's audio is pushed into its session (a handle of one
-:class:`~mlx_voicechat.runtime.batch.SessionBatch`) by a job of its own, and the first push
+:class:`~mlx_voicechat.nemotron_voicechat.runtime.batch.SessionBatch`) by a job of its own, and the
+first push
 schedules a step; a step runs the frames that are in, the conversations that have one in one
 batched forward per frame. Pushes that queue up while a step runs (every live conversation
 sends 80 ms of audio, or the clock's silence, about every 80 ms) are all run by the next step:

@@ -30,7 +30,7 @@ def is_recognizer(model) -> bool:
 def open_session(model, language: Optional[str]):
     """On the worker: a transcription session on either kind of checkpoint (a VoiceChat RNNT
     head has no language prompt, so a client's language hint is not used there)."""
-    from ..runtime.asr_session import open_transcription
+    from ..nemotron_asr.session import open_transcription
 
     if not is_recognizer(model):
         language = None

@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..audio.mel import Resampler  # noqa: F401  (re-exported: the edges resample with it)
 from ..config.voicechat import VoiceChatConfig
-from ..nets.mel import Resampler  # noqa: F401  (re-exported: the edges resample with it)
-from ..runtime.tools import ToolError, normalize_tools
+from ..nemotron_voicechat.runtime.tools import ToolError, normalize_tools
 
 # The session's rates and frame, as the model's config defines them
 MODEL_INPUT_RATE = VoiceChatConfig.input_sample_rate  # Hz, what the session listens at

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from mlx_voicechat.audio.io import AudioError
 from mlx_voicechat.cli import main
-from mlx_voicechat.errors import VoiceChatError
-from mlx_voicechat.runtime.audio import AudioError
-from mlx_voicechat.errors import GenerationError
+from mlx_voicechat.errors import GenerationError, VoiceChatError
 
 ROOT = Path(__file__).resolve().parents[2]
 SPF = 1764

@@ -115,6 +115,6 @@ def test_building_the_command_line_imports_no_mlx():
 
 def test_convert_offers_the_dtypes_it_converts_to():
     from mlx_voicechat.cli.convert import DTYPE_NAMES
-    from mlx_voicechat.weights.convert import DTYPES
+    from mlx_voicechat.nemotron_voicechat.weights.convert import DTYPES
 
     assert list(DTYPE_NAMES) == list(DTYPES)

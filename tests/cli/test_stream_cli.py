@@ -10,11 +10,11 @@ import pytest
 import soundfile as sf
 
 from mlx_voicechat import load
+from mlx_voicechat.audio import devices
+from mlx_voicechat.audio.devices import ArraySink, ArraySource, DeviceError
 from mlx_voicechat.cli import main
 from mlx_voicechat.cli.chat import chat_loop
 from mlx_voicechat.cli.stream import WordPrinter, stream_samples
-from mlx_voicechat.runtime import devices
-from mlx_voicechat.runtime.devices import ArraySink, ArraySource, DeviceError
 
 SPF = 1764
 EXTRA = "0.3"
@@ -135,7 +135,7 @@ def test_word_printer_one_line_per_run_of_a_channel():
     p([ev(tr="what"), ev(tr=" time"), ev(tx=" It", tr=" is"), ev(tx="'s \x1b[2J"), ev(fn="x")])
     p.end()
     assert "".join(out.parts) == ("[user] what time is\n[assistant] It's \ufffd[2J\n[function] x\n")
-    from mlx_voicechat.runtime.tools import ToolCall
+    from mlx_voicechat.nemotron_voicechat.runtime.tools import ToolCall
 
     out.parts.clear()
     call = SimpleNamespace(transcript="", text="", function_text="", errors=["bad JSON"],
@@ -305,7 +305,7 @@ def test_plot_on_stream_and_generate(ckpt, question, tmp_path, capsys):
 
 
 def test_plot_words_join_deltas_at_their_first_frame():
-    from mlx_voicechat.runtime.plot import words
+    from mlx_voicechat.nemotron_voicechat.runtime.plot import words
 
     assert words([(0, "Hel"), (1, "lo"), (2, " the"), (3, "re, you"), (5, " \x07!")]) == [
         (0, "Hello"),
@@ -334,7 +334,7 @@ def test_plot_without_matplotlib_fails_before_the_work(
 
 
 def test_speaker_queue_plays_in_order_and_silence_when_empty():
-    from mlx_voicechat.runtime.devices import PlayQueue
+    from mlx_voicechat.audio.devices import PlayQueue
 
     q = PlayQueue()
     q.push(np.arange(1, 4, dtype=np.float32))

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from mlx_voicechat.config import VoiceChatConfig
-from mlx_voicechat.config.asr import ASRConfig, transformers_config
 from mlx_voicechat.config.layouts import NEMO, nemo_config
 from mlx_voicechat.config.sections import read_fields
 from mlx_voicechat.errors import CheckpointError
 from mlx_voicechat.files import atomic_folder
-from mlx_voicechat.model import check_shapes
-from mlx_voicechat.weights.asr_factory import ASR_SCALES, _tokenizer_json, asr_scale_config
-from mlx_voicechat.weights.scales import SCALES, scale_config
-from mlx_voicechat.weights.writer import flat_config
+from mlx_voicechat.nemotron_asr.config import ASRConfig, transformers_config
+from mlx_voicechat.nemotron_asr.factory import ASR_SCALES, _tokenizer_json, asr_scale_config
+from mlx_voicechat.nemotron_voicechat.model import check_shapes
+from mlx_voicechat.nemotron_voicechat.weights.scales import SCALES, scale_config
+from mlx_voicechat.nemotron_voicechat.weights.writer import flat_config
 
 SECTIONS = ("audio_config", "tts_config", "codec_config")
 

@@ -2,7 +2,7 @@
 what agrees under it (each check in a child process: the BLAS is chosen at interpreter start).
 
 Under the wheel's BLAS a row of a batched product equals its one-row product bit for bit, so a
-batched session equals its run alone exactly (tests/runtime/test_batch.py). OpenBLAS sums by blocks
+batched session equals its run alone exactly (tests/nemotron_voicechat/runtime/test_batch.py). OpenBLAS sums by blocks
 that depend on the shapes: there the promise is agreement, ids and codes equal on the oracle
 runs and audio within 1e-4."""
 
@@ -35,7 +35,7 @@ def _child(code: str, blas: str = "", timeout: float = 600):
 
 SYSTEM = """
     import json
-    from mlx_voicechat.runtime.system import blas_in_effect
+    from mlx_voicechat.fastpaths.system import blas_in_effect
     import mlx.core as mx
     mx.eval(mx.ones((4, 4)) @ mx.ones((4, 4)))
     print(json.dumps(blas_in_effect()))
@@ -101,7 +101,7 @@ AGREEMENT = """
     from oracle_utils import ORACLE
     from mlx_voicechat import load
     from mlx_voicechat.noise import ReplayNoise
-    from mlx_voicechat.runtime.system import blas_in_effect
+    from mlx_voicechat.fastpaths.system import blas_in_effect
 
     io = dict(np.load(ORACLE / "04_voicechat_e2e_io.npz"))
     model = load(ORACLE / "nvidia-layout")

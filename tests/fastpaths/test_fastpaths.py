@@ -19,15 +19,16 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from mlx_voicechat import fastpaths
+from mlx_voicechat.caches import RowCaches
+from mlx_voicechat.derived import reset_derived
+from mlx_voicechat.fastpaths.layout import use_cpu_layout
+from mlx_voicechat.listen.greedy import greedy_decode
 from mlx_voicechat.nemotron_voicechat import Model
-from mlx_voicechat.nets import fastpaths, heads
-from mlx_voicechat.nets.caches import RowCaches
-from mlx_voicechat.nets.derived import reset_derived
-from mlx_voicechat.nets.greedy import greedy_decode
-from mlx_voicechat.nets.layout import use_cpu_layout
+from mlx_voicechat.nemotron_voicechat.nets import heads
+from mlx_voicechat.nemotron_voicechat.weights.random_init import random_weights
+from mlx_voicechat.nemotron_voicechat.weights.scales import build_tokenizer, scale_config
 from mlx_voicechat.noise import KeyNoise, RowNoise
-from mlx_voicechat.weights.random_init import random_weights
-from mlx_voicechat.weights.scales import build_tokenizer, scale_config
 
 
 def _same(a, b):
@@ -53,7 +54,7 @@ def test_every_fast_path_is_covered():
     tested = {
         "llm.step", "llm.row_attention", "tts.backbone_step", "tts.sampling", "encoder.frame",
         "codec.step", "heads.split", "rnnt.frame",
-        "asr.chunk",  # tests/asr/test_asr_session.py: compiled chunk against op by op, bit for bit
+        "asr.chunk",  # tests/nemotron_asr/test_asr_session.py: compiled chunk against op by op, bit for bit
         "encoder.convs", "asr.mel", "rnnt.lstm_step",
         "offline.encoder", "offline.codec",  # tests/test_offline_fastpaths.py
     }
@@ -321,7 +322,7 @@ def test_rnnt_frame_follows_the_greedy_rule(targets, monkeypatch):
     """Crafted prediction / joint networks: per frame blank, one token, several, the cap
     (max_symbols 5); the device loop (compiled and op by op) steps exactly as the offline
     greedy loop, prediction state adopted only on emit."""
-    from mlx_voicechat.nets.rnnt import FrameDecoder
+    from mlx_voicechat.listen.rnnt import FrameDecoder
 
     decoder, joint = _CountingDecoder(), _TargetJoint()
     frames = FrameDecoder(decoder, joint, 5)
@@ -342,7 +343,7 @@ def test_rnnt_frame_follows_the_greedy_rule(targets, monkeypatch):
 def recognizer(tmp_path_factory):
     """The factory's small Nemotron-3.5-ASR (64 subsampling channels, width 192), as loaded."""
     from mlx_voicechat import load
-    from mlx_voicechat.weights.asr_factory import make_recognizer_checkpoint
+    from mlx_voicechat.nemotron_asr.factory import make_recognizer_checkpoint
 
     root = tmp_path_factory.mktemp("asr-fastpaths")
     return load(make_recognizer_checkpoint(root / "small", "small", seed=1))
@@ -360,7 +361,7 @@ def test_asr_encoder_convs_equal_the_conv_layers(recognizer, medium, monkeypatch
     """Each subsampling conv and pointwise conv as products, against the layer itself (the
     weights column-major where marked, as loaded); then the whole subsampling and a layer's
     convolution module on two rows."""
-    from mlx_voicechat.nets import conv_products
+    from mlx_voicechat.fastpaths import conv_products
 
     enc = recognizer.encoder if which == "asr" else medium.stt_model.perception.encoder
     set_fastpath(monkeypatch, "encoder.convs", True)
@@ -419,8 +420,8 @@ def test_asr_lstm_step_equals_mlx_audio_lstm_per_row(recognizer, medium, which):
     (``nets.layout.ColumnLSTM``, column-major weights) against mlx-audio's LSTM on the same
     weights row-major, outputs and both states, for three rows from different states, and
     each row alone; and a sequence (teacher forcing)."""
-    from mlx_voicechat.nets.layout import ColumnLSTM
-    from mlx_voicechat.nets.rnnt import RNNTDecoder
+    from mlx_voicechat.fastpaths.layout import ColumnLSTM
+    from mlx_voicechat.listen.rnnt import RNNTDecoder
 
     decoder = recognizer.decoder if which == "asr" else medium.stt_model.rnnt_decoder
     rnn = decoder.prediction["dec_rnn"]

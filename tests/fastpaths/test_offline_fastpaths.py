@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from fastpath_utils import set_fastpath
 
-from mlx_voicechat.runtime import step as frame_step
-from mlx_voicechat.nets.mel import MelStream
-from mlx_voicechat.runtime.framestate import open_live, open_state
-from mlx_voicechat.runtime.request import resolve
+from mlx_voicechat.audio.mel import MelStream
+from mlx_voicechat.nemotron_voicechat.runtime import step as frame_step
+from mlx_voicechat.nemotron_voicechat.runtime.framestate import open_live, open_state
+from mlx_voicechat.nemotron_voicechat.runtime.request import resolve
 
 
 def _wave(seconds, seed=0):

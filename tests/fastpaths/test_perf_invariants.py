@@ -3,10 +3,10 @@
 import mlx.core as mx
 import numpy as np
 
-from mlx_voicechat.runtime.framestate import open_state
-from mlx_voicechat.runtime.generate import run_frames
-from mlx_voicechat.runtime.request import resolve
-from mlx_voicechat.runtime.step import step
+from mlx_voicechat.nemotron_voicechat.runtime.framestate import open_state
+from mlx_voicechat.nemotron_voicechat.runtime.generate import run_frames
+from mlx_voicechat.nemotron_voicechat.runtime.request import resolve
+from mlx_voicechat.nemotron_voicechat.runtime.step import step
 
 
 def _state(model, prompt, seed):

@@ -13,14 +13,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
 from mlx_voicechat import load
-from mlx_voicechat.nets import layout
-from mlx_voicechat.nets.derived import reset_derived
-from mlx_voicechat.nets.llm import FusedNemotronH
-from mlx_voicechat.runtime import generate as offline
-from mlx_voicechat.runtime import step as frame_step
-from mlx_voicechat.runtime.framestate import open_state
-from mlx_voicechat.runtime.request import resolve
-from mlx_voicechat.runtime.generate import generate
+from mlx_voicechat.derived import reset_derived
+from mlx_voicechat.fastpaths import layout
+from mlx_voicechat.nemotron_voicechat.nets.llm import FusedNemotronH
+from mlx_voicechat.nemotron_voicechat.runtime import generate as offline
+from mlx_voicechat.nemotron_voicechat.runtime import step as frame_step
+from mlx_voicechat.nemotron_voicechat.runtime.framestate import open_state
+from mlx_voicechat.nemotron_voicechat.runtime.generate import generate
+from mlx_voicechat.nemotron_voicechat.runtime.request import resolve
 
 
 def _params(model):
@@ -210,7 +210,7 @@ def _tts_steps(model, steps=12, seed=5):
 def test_tts_backbone_step_equals_layer_by_layer(tiny_checkpoints, dtype, monkeypatch):
     """Backbone.step (compiled segments between the caches, RoPE offset as an array): the same
     bits as the layers one by one, past the tiny model's sliding window (16)."""
-    from mlx_voicechat.nets.tts_backbone import Backbone
+    from mlx_voicechat.nemotron_voicechat.nets.tts_backbone import Backbone
 
     model = load(tiny_checkpoints["mlx-community"])
     model.set_dtype(dtype)

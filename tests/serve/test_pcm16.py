@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mlx_voicechat.runtime.audio import AudioError, save_wav
+from mlx_voicechat.audio.io import AudioError, save_wav
 from mlx_voicechat.serve.wire import decode_pcm16, encode_pcm16
 
 

@@ -17,7 +17,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
-from server_support import plain  # noqa: E402, F401  (a module fixture)
 from server_support import (  # noqa: E402
     ALLOWED,
     KEY,
@@ -31,13 +30,13 @@ from server_support import (  # noqa: E402
     native_rates,
     noise,
     pcm,
+    plain,  # noqa: E402, F401  (a module fixture)
     reference,
     responses,
     run,
     server_fixture,
     ws_url,
 )
-
 
 # --- fixtures -----------------------------------------------------------------------------
 

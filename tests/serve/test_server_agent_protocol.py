@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from server_support import error_code, frame, pcm, send, started
 
-from mlx_voicechat.runtime.tools import ToolCall
+from mlx_voicechat.nemotron_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.items import MAX_ITEM_CHARS, MAX_ITEMS
 from mlx_voicechat.serve.protocol import Realtime
 from mlx_voicechat.serve.responses import REQUEST_WAIT_FRAMES

@@ -158,7 +158,7 @@ def test_a_join_with_a_long_prompt_stalls_the_live_ones_at_most_one_unit(
 
 def test_the_warm_up_runs_a_round_at_every_batch_size(tiny, monkeypatch):
     """So that no join waits for the compiled steps of a batch size the process has not run."""
-    from mlx_voicechat.runtime.batch import SessionBatch
+    from mlx_voicechat.nemotron_voicechat.runtime.batch import SessionBatch
 
     sizes = []
     real = SessionBatch._queue_round

@@ -17,7 +17,7 @@ pytest.importorskip("mcp", reason="the [mcp] extra (the official MCP SDK) is not
 from mcp.types import Tool  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
-from mlx_voicechat.runtime.tools import ToolCall  # noqa: E402
+from mlx_voicechat.nemotron_voicechat.runtime.tools import ToolCall  # noqa: E402
 from mlx_voicechat.serve.mcp_tools import McpPolicy  # noqa: E402
 from mlx_voicechat.serve.protocol import Realtime  # noqa: E402
 from mlx_voicechat.serve.wire import Start, ToolResult  # noqa: E402

@@ -16,7 +16,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 websockets = pytest.importorskip("websockets")
 
-from server_support import plain  # noqa: E402, F401  (a module fixture)
 from server_support import (  # noqa: E402
     TIMEOUT,
     connect,
@@ -27,6 +26,7 @@ from server_support import (  # noqa: E402
     native_rates,
     noise,
     pcm,
+    plain,  # noqa: E402, F401  (a module fixture)
     reference,
     responses,
     run,
@@ -34,7 +34,6 @@ from server_support import (  # noqa: E402
     wait_free,
     ws_url,
 )
-
 
 # --- fixtures -----------------------------------------------------------------------------
 
@@ -317,7 +316,7 @@ def test_max_sessions_4_batches_four_stock_clients_each_as_alone(four_slots, wor
     its steps are batched (more than one conversation per step), and each client gets the
     audio and text it gets alone on the same server."""
     pytest.importorskip("openai")
-    from mlx_voicechat.runtime.batch import SessionBatch
+    from mlx_voicechat.nemotron_voicechat.runtime.batch import SessionBatch
 
     inputs = [noise(1.6, 16000, seed=40 + i) for i in range(4)]
     alone = [run(_sdk_conversation(four_slots, x)) for x in inputs]

@@ -10,7 +10,7 @@ import pytest
 from server_support import error_code, frame, pcm, send, started
 from tool_specs import WEATHER
 
-from mlx_voicechat.runtime.tools import ToolCall
+from mlx_voicechat.nemotron_voicechat.runtime.tools import ToolCall
 from mlx_voicechat.serve.wire import Start, ToolResult
 
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from mlx_voicechat.runtime.vad import SpeechDetector, SpeechEdge
+from mlx_voicechat.audio.vad import SpeechDetector, SpeechEdge
 from mlx_voicechat.serve.protocol import Realtime
 from mlx_voicechat.serve.speech import SpeechEvents
 from mlx_voicechat.serve.wire import Resampler

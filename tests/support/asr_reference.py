@@ -1,5 +1,5 @@
 """Hugging Face Transformers' own Nemotron-3.5-ASR, the reference of
-tests/asr/test_asr_transformers.py.
+tests/nemotron_asr/test_asr_transformers.py.
 
 Tiny models are built with Transformers' classes (``Nemotron3_5AsrForRNNT``,
 ``NemotronAsrStreamingForRNNT``) on torch's CPU, and written the way NVIDIA's conversion
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlx_voicechat.weights.asr_factory import _pieces
+from mlx_voicechat.nemotron_asr.factory import _pieces
 
 VOCAB = 64  # pieces without the blank
 LANGUAGES = {"en-US": 0, "en": 0, "de-DE": 2, "de": 2, "auto": 15}

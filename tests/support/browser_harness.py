@@ -1,5 +1,5 @@
 """The browser harness of the page tests (tests/serve/test_browser.py, test_webrtc_browser.py,
-test_webrtc_agents_js.py, tests/asr/test_asr_browser.py): the installed browsers, a spoken WAV
+test_webrtc_agents_js.py, tests/nemotron_asr/test_asr_browser.py): the installed browsers, a spoken WAV
 as Chromium's microphone, Chromium through Selenium and Debian's ``chromium-driver``, Firefox
 ESR over WebDriver BiDi (``Bidi``: Firefox speaks it itself, Debian has no geckodriver), the
 page's state and checks, and the page's server (``server``: the real server on a tiny

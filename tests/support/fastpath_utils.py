@@ -1,6 +1,6 @@
-"""Turning a fast path (``mlx_voicechat.nets.fastpaths``) on or off for one test."""
+"""Turning a fast path (``mlx_voicechat.fastpaths``) on or off for one test."""
 
-from mlx_voicechat.nets import fastpaths
+from mlx_voicechat import fastpaths
 
 
 def set_fastpath(monkeypatch, name: str, on: bool) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_voicechat.weights.sanitize import sanitize_module
+from mlx_voicechat.nemotron_voicechat.weights.sanitize import sanitize_module
 
 ORACLE = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
 

@@ -338,7 +338,7 @@ def send(p, **event):
 
 def frame(i, turn=None, speaking=False, text="", transcript="", value=0.1):
     """A hand-made FrameEvent: frame ``i`` of a session, its audio a constant."""
-    from mlx_voicechat.runtime.session import FrameEvent
+    from mlx_voicechat.nemotron_voicechat.runtime.session import FrameEvent
 
     return FrameEvent(
         index=i,

@@ -1,4 +1,4 @@
-"""What the tool-call tests (tests/runtime/test_tools.py, test_toolcalls.py) share: the tiny
+"""What the tool-call tests (tests/nemotron_voicechat/runtime/test_tools.py, test_toolcalls.py) share: the tiny
 checkpoint's tokenizer as the factory writes it (with and without the tool markers
 <SPECIAL_16>..<SPECIAL_23>), a parser on it, a call as function-channel frames, and a feeder."""
 
@@ -8,8 +8,8 @@ import re
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from mlx_voicechat.runtime.tools import ToolCallParser, ToolMarkers
-from mlx_voicechat.weights.factory import build_tokenizer
+from mlx_voicechat.nemotron_voicechat.runtime.tools import ToolCallParser, ToolMarkers
+from mlx_voicechat.nemotron_voicechat.weights.factory import build_tokenizer
 
 VOCAB = 400  # the tiny checkpoint's text vocabulary
 PAD, SILENCE, BOS, EOS = 12, 11, 1, 2

@@ -1,0 +1,342 @@
+"""The listening front-end of both models: NeMo's log-mel offline (:class:`LogMel`) and as
+samples arrive (:class:`MelStream`), and the stateful resampler in front of it (:class:`Resampler`).
+
+VoiceChat's perception and Nemotron-3.5-ASR differ only in what :class:`LogMel` is given: the
+checkpoint's window and filterbank (``Preprocessor.frontend``), or a Hann window and
+Transformers' Slaney filterbank computed from the config (:func:`recognizer_mel`, with the banded
+product ``asr.mel``). NeMo's quirks are kept here, once: the STFT pads ``n_fft // 2`` zeros on
+each side, not reflect (errata 1); the valid mel length is ``floor(n / hop)``, one less than the
+centred STFT's frames, and frames past it hold the pad value (errata 2; ``edge="mlx-audio"``
+counts that last frame as mlx-audio does).
+
+Streaming gives the offline frames bit for bit:
+
+- mel frame ``j`` is computed once the samples under its window are all in. Its centred
+  512-sample frame is weighted by a 400-sample Hann window padded with zeros, so only samples
+  up to ``hop * j + window_end`` (160 j + 198) matter; the zero-weighted rest of the frame is
+  filled with zeros, which is what the weighting makes of any sample.
+- encoder frame ``k`` reads mel frames up to ``8 k`` (causal subsampling), so it is final once
+  ``1280 k + 199`` samples have arrived (:meth:`MelStream.samples_needed`); :meth:`MelStream.take`
+  hands out the mel frames its subsampling reads, ``PRE_ENCODE_CONTEXT`` frames back.
+- at the end (:meth:`MelStream.finish`) the frames whose windows reach past the last sample are
+  computed as offline: zeros past the end, the pad value past the valid length.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import mlx.core as mx
+import numpy as np
+
+from .. import fastpaths
+from ..config import ConfigError, PreprocessorConfig
+from ..derived import compiled
+from ..errors import SessionError
+from ..fastpaths.layout import on_cpu
+
+EDGES = ("nemo", "mlx-audio")
+# Encoder frames of left context fed to the subsampling convs of a chunk: their causal
+# receptive field reaches 2 frames back (each stride-2 stage looks 2 inputs to the left:
+# 2 + 4 + 8 = 14 mel frames for 3 stages, under 2 x 8), and each output is computed from its
+# window alone, so 2 give the full pass's bits (tested) with the least work per stream frame.
+PRE_ENCODE_CONTEXT = 2
+# Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
+MEL_BLOCK_FRAMES = 4096
+# Mel bins per product of the banded filterbank (``asr.mel``).
+MEL_GROUP = 8
+
+
+def check_edge(edge: str) -> str:
+    if edge not in EDGES:
+        raise ConfigError(f"edge must be one of {', '.join(EDGES)}, not {edge!r}")
+    return edge
+
+
+def check_preprocessor(cfg: PreprocessorConfig) -> PreprocessorConfig:
+    if str(cfg.normalize).upper() not in ("NA", "NONE"):
+        raise ConfigError(f"preprocessor.normalize {cfg.normalize!r} is not supported (NA only)")
+    if cfg.pad_to not in (0, None):
+        raise ConfigError(f"preprocessor.pad_to {cfg.pad_to!r} is not supported (0 only)")
+    return cfg
+
+
+def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """Slaney-scale, Slaney-normalized triangular mel filters [n_fft // 2 + 1, n_mels] from
+    0 Hz to Nyquist, float32 as Transformers' feature extractor holds them: the triangles in
+    float64, rounded to float32, then scaled by each filter's ``2 / width`` (bit for bit its
+    ``mel_filter_bank``; mlx-audio's differs in the last bits, which decide a bfloat16
+    rounding now and then)."""
+    log_step = math.log(6.4) / 27.0
+
+    def to_mel(hz):
+        hz = np.asarray(hz, np.float64)
+        return np.where(
+            hz >= 1000.0, 15.0 + np.log(np.maximum(hz, 1.0) / 1000.0) / log_step, 3.0 * hz / 200.0
+        )
+
+    def to_hz(mel):
+        return np.where(mel >= 15.0, 1000.0 * np.exp(log_step * (mel - 15.0)), 200.0 * mel / 3.0)
+
+    fft = np.linspace(0, sample_rate // 2, n_fft // 2 + 1)
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(sample_rate / 2), n_mels + 2))
+    width = np.diff(edges)
+    slopes = edges[None, :] - fft[:, None]
+    down, up = -slopes[:, :-2] / width[:-1], slopes[:, 2:] / width[1:]
+    fb = np.maximum(0.0, np.minimum(down, up)).astype(np.float32)
+    fb *= (2.0 / (edges[2:] - edges[:-2]))[None, :]
+    return fb
+
+
+def _bands(fb: np.ndarray, group: int = MEL_GROUP):
+    """The filterbank ``fb`` [bins, n_mels] cut into groups of ``group`` mel bins, each with
+    the span of FFT bins where its weights are nonzero: ``[(first bin, end bin, weights)]``."""
+    nonzero = fb != 0
+    out = []
+    for m0 in range(0, fb.shape[1], group):
+        cols = nonzero[:, m0 : m0 + group].any(1)
+        a = int(cols.argmax()) if cols.any() else 0
+        b = fb.shape[0] - int(cols[::-1].argmax()) if cols.any() else 1
+        out.append((a, b, mx.array(np.ascontiguousarray(fb[a:b, m0 : m0 + group]))))
+    return out
+
+
+class LogMel:
+    """NeMo's log-mel (pre-emphasis, zero-padded centred STFT, ``|X| ** mag_power``, mel
+    filterbank, natural log, no normalization) on a float32 ``window`` [win_length] and
+    filterbank ``fb`` [n_fft // 2 + 1, n_mels]; ``banded``: the product band by band on the
+    CPU (``asr.mel``, for a filterbank that never changes)."""
+
+    def __init__(self, cfg: PreprocessorConfig, window: mx.array, fb: mx.array, banded=False):
+        self.cfg = check_preprocessor(cfg)
+        self.n_fft, self.hop, self.preemph = cfg.n_fft, cfg.hop_length, cfg.preemph
+        self.window, self.fb = window, fb
+        self._bands = _bands(np.array(fb)) if banded else None
+        self._banded = compiled(self._banded_log) if banded else None
+
+    def _banded_log(self, power: mx.array) -> mx.array:
+        """``log(power @ fb + guard)`` with the product taken group by group of mel bins over
+        the group's band of FFT bins: the filterbank is zero outside it, and the BLAS adds each
+        output's terms in order, so the values are the whole product's bit for bit
+        (``asr.mel``)."""
+        mel = mx.concatenate([power[..., a:b] @ w for a, b, w in self._bands], axis=-1)
+        return mx.log(mel + self.cfg.log_zero_guard_value)
+
+    def frames(self, segment: mx.array) -> mx.array:
+        """Log-mel of every full ``n_fft`` frame of a pre-emphasized, zero-padded 1-D
+        ``segment`` (frame ``j`` starts at sample ``hop * j``): [F, n_mels] float32."""
+        from mlx_audio.dsp import stft  # here: the server's wire imports this module
+
+        spec = stft(segment, self.n_fft, self.hop, self.n_fft, self.window, center=False)
+        power = mx.square(spec.real) + mx.square(spec.imag)
+        if self.cfg.mag_power != 2.0:
+            power = mx.power(mx.sqrt(power), self.cfg.mag_power)
+        if self._banded is not None and fastpaths.enabled("asr.mel") and on_cpu():
+            return self._banded(power)
+        return mx.log(power @ self.fb + self.cfg.log_zero_guard_value)
+
+    def total_frames(self, n):
+        """The centred STFT's frames for ``n`` samples."""
+        return (n + 2 * (self.n_fft // 2) - self.n_fft) // self.hop + 1
+
+    def valid_frames(self, n, edge: str = "nemo"):
+        """Mel frames that count for ``n`` samples: ``floor(n / hop)`` (NeMo, errata 2: one
+        fewer than the centred STFT's), or all of them (mlx-audio)."""
+        return self.total_frames(n) - (0 if edge == "mlx-audio" else 1)
+
+    def __call__(self, wave: mx.array, lengths: Optional[mx.array] = None, edge: str = "nemo"):
+        """``wave`` [B, N] or [N], ``lengths`` [B] (default N) -> (mel [B, T, n_mels] with
+        the pad value from each row's valid count on, mel_len [B])."""
+        wave = (wave[None] if wave.ndim == 1 else wave).astype(mx.float32)
+        B, N = wave.shape
+        lengths = mx.full((B,), N, mx.int32) if lengths is None else lengths.astype(mx.int32)
+        if self.preemph:
+            wave = mx.concatenate([wave[:, :1], wave[:, 1:] - self.preemph * wave[:, :-1]], axis=1)
+        wave = mx.where(mx.arange(N)[None] < lengths[:, None], wave, 0.0)
+        half, hop = self.n_fft // 2, self.hop
+        padded = mx.pad(wave, [(0, 0), (half, half)])  # errata 1: zeros, not reflect
+        n_frames = self.total_frames(N)
+        rows = []
+        for b in range(B):
+            blocks = []
+            for f0 in range(0, n_frames, MEL_BLOCK_FRAMES):
+                f1 = min(f0 + MEL_BLOCK_FRAMES, n_frames)
+                blocks.append(self.frames(padded[b, f0 * hop : (f1 - 1) * hop + self.n_fft]))
+            rows.append(mx.concatenate(blocks) if len(blocks) > 1 else blocks[0])
+        mel = mx.stack(rows)
+        mel_len = self.valid_frames(lengths, edge)
+        keep = mx.arange(n_frames)[None, :, None] < mel_len[:, None, None]
+        return mx.where(keep, mel, self.cfg.pad_value), mel_len
+
+
+def recognizer_mel(config) -> LogMel:
+    """Nemotron-3.5-ASR's log-mel: a Hann window (mlx-audio's) and Slaney filterbank
+    (Transformers', :func:`slaney_mel_filters`) computed from the config (the checkpoints carry
+    neither), both rounded to ``mel_filters_dtype`` first as Transformers does; banded."""
+    from mlx_audio.dsp import hanning
+
+    pre, low = config.preprocessor, getattr(mx, config.mel_filters_dtype)
+    window = hanning(pre.win_length).astype(mx.float32).astype(low).astype(mx.float32)
+    fb = mx.array(slaney_mel_filters(pre.sample_rate, pre.n_fft, pre.features))
+    fb = fb.astype(low).astype(mx.float32)  # [n_fft // 2 + 1, n_mels]
+    mx.eval(window, fb)
+    return LogMel(pre, window, fb, banded=True)
+
+
+class MelStream:
+    """The log-mel of a stream as its samples arrive, and the mel frames each encoder frame's
+    subsampling reads, for a network with a ``frontend`` (:class:`LogMel`) and an ``encoder``.
+    ``eager``: each push computes the mel frames it makes final; otherwise :meth:`compute`
+    does, when the caller needs them (the recognizer: once per chunk)."""
+
+    def __init__(self, net, eager: bool = True):
+        self.context = PRE_ENCODE_CONTEXT
+        self.mel, self.encoder, self.eager = net.frontend, net.encoder, eager
+        self.n_fft, self.hop, self.preemph = self.mel.n_fft, self.mel.hop, self.mel.preemph
+        mx.eval(self.mel.window, self.mel.fb)  # now: any thread may feed the stream
+        window = np.array(self.mel.window)
+        nonzero = np.flatnonzero(window)
+        # The last sample a mel frame's window weights, relative to its centre (hop * j): 198
+        # for NeMo's 400-sample Hann in 512.
+        self.window_end = (self.n_fft - window.shape[0]) // 2 + int(nonzero[-1]) - self.n_fft // 2
+        self.factor = 2**self.encoder.pre_encode.sampling_num
+        self.reset()
+
+    def reset(self) -> None:
+        self.received = 0  # samples pushed so far
+        self._y = np.zeros(0, dtype=np.float32)  # pre-emphasized samples from _y_start on
+        self._y_start = 0
+        self._last_raw: Optional[np.ndarray] = None  # last raw sample, for the pre-emphasis
+        self._mel: Optional[mx.array] = None  # mel frames from _mel_start on, [T, n_mels]
+        self._mel_start = 0
+        self.mel_frames = 0  # mel frames computed
+        self.frames = 0  # encoder frames handed out
+        self.final = 0  # encoder frames final so far
+        self.ended = False
+
+    # -- how much input a frame needs ------------------------------------------------------
+
+    def mel_frames_final(self, n: int) -> int:
+        """Mel frames whose weighted samples all lie in the first ``n`` samples."""
+        return 0 if n <= self.window_end else (n - 1 - self.window_end) // self.hop + 1
+
+    def frames_final(self, n: int) -> int:
+        """Encoder frames final once ``n`` samples have arrived (frame k: mel frame 8 k)."""
+        m = self.mel_frames_final(n)
+        return 0 if m == 0 else (m - 1) // self.factor + 1
+
+    def samples_needed(self, k: int) -> int:
+        """Samples that must have arrived for encoder frame ``k`` (1280 k + 199)."""
+        return self.hop * self.factor * k + self.window_end + 1
+
+    @property
+    def ready(self) -> int:
+        """Encoder frames final and not handed out yet."""
+        return self.final - self.frames
+
+    # -- input -----------------------------------------------------------------------------
+
+    def push(self, samples: np.ndarray) -> None:
+        """Add float32 samples at the model's rate."""
+        if self.ended:
+            raise SessionError("the input has ended")
+        if len(samples):
+            x = np.asarray(samples, dtype=np.float32)
+            # On the host in float32: the same two IEEE operations per sample as offline (a
+            # float32 product, then a float32 difference), so the same bits.
+            y = x
+            if self.preemph:
+                prev = x[:1] if self._last_raw is None else self._last_raw
+                y = x - np.float32(self.preemph) * np.concatenate([prev, x[:-1]])
+                if self._last_raw is None:
+                    y[0] = x[0]
+            self._last_raw = x[-1:].copy()
+            self._y = np.concatenate([self._y, y.astype(np.float32, copy=False)])
+            self.received += len(x)
+        if self.eager:
+            self.compute()
+        self.final = max(self.final, self.frames_final(self.received))
+
+    def compute(self, j1: Optional[int] = None) -> None:
+        """Mel frames up to ``j1`` (default: all final ones), in one STFT."""
+        j0, j1 = self.mel_frames, self.mel_frames_final(self.received) if j1 is None else j1
+        if j1 <= j0:
+            return
+        half, hop = self.n_fft // 2, self.hop
+        a, b = hop * j0 - half, hop * (j1 - 1) + half  # pre-emphasized samples [a, b)
+        seg = np.zeros(b - a, dtype=np.float32)  # zeros before the start and past the end
+        lo, hi = max(a, self._y_start), min(b, self._y_start + len(self._y))
+        if hi > lo:
+            seg[lo - a : hi - a] = self._y[lo - self._y_start : hi - self._y_start]
+        self._add(self.mel.frames(mx.array(seg)))
+        drop = hop * j1 - half  # samples no later mel frame reads
+        if drop > self._y_start:
+            self._y = self._y[drop - self._y_start :]
+            self._y_start = drop
+
+    def _add(self, rows: mx.array) -> None:
+        self._mel = rows if self._mel is None else mx.concatenate([self._mel, rows])
+        self.mel_frames += rows.shape[0]
+
+    def finish(self, edge: str = "nemo") -> int:
+        """End of input: the mel frames as offline (zeros past the last sample, the pad value
+        past the valid length); every encoder frame of the valid length final. Returns the
+        valid length."""
+        n = self.received
+        valid = self.mel.valid_frames(n, edge)
+        self.compute(valid)
+        pad = self.mel.total_frames(n) - self.mel_frames
+        if pad > 0:
+            shape = (pad, self.mel.cfg.features)
+            self._add(mx.full(shape, self.mel.cfg.pad_value, dtype=mx.float32))
+        if valid > 0:
+            self.final = max(self.final, int(self.encoder.output_lengths(valid)))
+        self.ended = True
+        return valid
+
+    # -- output ----------------------------------------------------------------------------
+
+    def take(self, k1: int):
+        """The mel frames [m, n_mels] the subsampling of encoder frames ``frames`` to ``k1``
+        reads, from ``PRE_ENCODE_CONTEXT`` frames before, and the first one's index in that
+        window's subsampled output (hands the frames out)."""
+        k0 = self.frames
+        s = max(k0 - self.context, 0)
+        m0, m1 = s * self.factor, min((k1 - 1) * self.factor + 1, self.mel_frames)
+        mel = self._mel[m0 - self._mel_start : m1 - self._mel_start]
+        self.frames = k1
+        # Keep the mel frames the next frames' subsampling context reaches back to.
+        keep = max(k1 - self.context, 0) * self.factor
+        if keep > self._mel_start:
+            self._mel = self._mel[keep - self._mel_start :]
+            self._mel_start = keep
+        return mel, k0 - s
+
+    def window(self):
+        """:meth:`take` of the next encoder frame, which must be final."""
+        if self.frames >= self.final:
+            raise AssertionError("no encoder frame is final")
+        return self.take(self.frames + 1)
+
+    def arrays(self):
+        return [] if self._mel is None else [self._mel]
+
+
+class Resampler:
+    """Stateful mono float32 resampling (a soxr stream, so chunk joins leave no seam);
+    ``rate_in == rate_out`` passes samples through."""
+
+    def __init__(self, rate_in: int, rate_out: int):
+        self.rate_in, self.rate_out = int(rate_in), int(rate_out)
+        self._stream = None
+        if self.rate_in != self.rate_out:
+            import soxr
+
+            self._stream = soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32")
+
+    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.float32)
+        if self._stream is None:
+            return samples
+        return self._stream.resample_chunk(samples, last=last)

@@ -1,0 +1,187 @@
+"""The fast paths: where a network runs something other than its anchor's code, in one place.
+
+A live frame runs every network on one position. Some steps are therefore run by code of ours
+that computes what an anchor module computes (an mlx-lm / mlx-audio block, or our own general
+path) with fewer operations: compiled between the caches, a recurrence instead of a scan, a
+conv as matmuls. Each one computes the very same values in the same order, so its result is
+bit-identical to the anchor's on the CPU (MLX builds its CPU kernels without FMA on x86-64);
+``tests/fastpaths/test_fastpaths.py`` runs every entry below against its anchor at the factory's
+medium
+scale, so that a change upstream fails a test instead of drifting.
+
+Each entry has one switch (:func:`disabled` turns it off, for a test or to debug) and says when
+it applies; the code that takes it calls :func:`enabled` with its name. The compiled ones read
+their weights as constants of the trace and are rebuilt when the weights change (see
+:mod:`.derived`).
+
+Versions: :data:`CHECKED_AGAINST` names the mlx, mlx-lm and mlx-audio releases every entry was
+checked against, and pyproject.toml requires each from that release up to the next minor one
+(mlx ``>=0.32.4,<0.33``): a patch release of the series is taken to keep the module code the
+fast paths restate and mlx's CPU kernels, on which the bit-exact claims rest, and
+``tests/fastpaths/test_fastpaths.py``, run against whatever is installed, is what catches one that
+does
+not. A new minor series is checked by that test first; then this table and the bounds move
+together (the test holds the bounds to the table and the installed versions to the bounds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Dict, Iterator
+
+#: The versions the anchors were checked against; pyproject.toml admits each one's minor series.
+CHECKED_AGAINST = {"mlx": "0.32.4", "mlx-lm": "0.32.2", "mlx-audio": "0.6.2"}
+
+
+@dataclass(frozen=True)
+class FastPath:
+    name: str
+    does: str
+    anchor: str
+    applies: str
+
+
+PATHS: Dict[str, FastPath] = {
+    p.name: p
+    for p in (
+        FastPath(
+            "llm.step",
+            "one token through the Nemotron-H layers: each Mamba mixer as a one-step "
+            "recurrence, each run of Mamba / MLP blocks between attention layers compiled",
+            "mlx_lm.models.nemotron_h.NemotronHModel (its SSD scan at length 1)",
+            "a single position on caches whose Mamba states are filled, off Metal (mlx-lm has "
+            "a Metal kernel for this step)",
+        ),
+        FastPath(
+            "llm.row_attention",
+            "an attention layer over rows that each keep their own KV cache (rows of a batch "
+            "at different lengths): projections for all rows at once, attention row by row",
+            "mlx_lm.models.nemotron_h.NemotronHAttention with each row's own cache",
+            "always (a batch of one is one row)",
+        ),
+        FastPath(
+            "tts.backbone_step",
+            "one position through the Gemma-3 backbone: everything between two layers' "
+            "key / value caches compiled, RoPE at the rows' offsets as an array input",
+            "mlx_lm.models.gemma3_text.TransformerBlock (with our offset RMSNorms)",
+            "a single position on filled caches",
+        ),
+        FastPath(
+            "tts.sampling",
+            "the mask schedule of the MoG head and the RVQ refinement compiled, on 2-D rows, "
+            "the noise drawn first in the op-by-op order",
+            "EarTTS._sample on the op-by-op MoGHead.infer",
+            "a MoG head whose infer is not overridden",
+        ),
+        FastPath(
+            "encoder.frame",
+            "one encoder frame on a full left context compiled (every shape is then fixed)",
+            "the FastConformer layers op by op (mlx-audio's ConformerBlock modules)",
+            "one frame, no padding, every layer's context full, on the CPU",
+        ),
+        FastPath(
+            "encoder.convs",
+            "the speech encoders' convolutions as products: pointwise ones as x @ W.T on "
+            "column-major weights, the first subsampling conv as its windows times W.T, the "
+            "depthwise subsampling convs as sums of strided slices (nets.conv_products)",
+            "mlx.nn.Conv1d / Conv2d (mlx-audio's subsampling and conformer convolution)",
+            "float32 weights on the CPU",
+        ),
+        FastPath(
+            "codec.step",
+            "one code frame of the decoder as a compiled function: codebook gathers as one, "
+            "depthwise convs as shifted sums, k1 / transposed convs as matmuls",
+            "AudioCodec.decode_step's general path",
+            "one frame per row on a cache that has decoded a frame",
+        ),
+        FastPath(
+            "heads.split",
+            "a big text head's rows in two halves on two streams (the CPU's two cores)",
+            "mlx.nn.Linear / QuantizedLinear over all rows",
+            "on the CPU, heads of 16384 rows or more whose halves are views (quantized or "
+            "half precision), in a live frame",
+        ),
+        FastPath(
+            "asr.chunk",
+            "one 14-frame chunk of the Nemotron-3.5-ASR encoder on a full left context compiled "
+            "with its subsampling, the language prompt and the joint's projection",
+            "the FastConformer layers op by op (mlx-audio's ConformerBlock modules)",
+            "a whole chunk at a chunk boundary, every layer's context full",
+        ),
+        FastPath(
+            "asr.mel",
+            "the recognizer's mel filterbank product summed over each mel bin's band of FFT "
+            "bins (in bin order, the bands' zeros left out), with the log, compiled",
+            "nets.mel.LogMel's power @ fb (the filterbank mlx-audio computes)",
+            "on the CPU",
+        ),
+        FastPath(
+            "rnnt.lstm_step",
+            "the prediction network's LSTM layers as nets.layout.ColumnLSTM: the weights "
+            "column-major (BLAS's plain case), each product computed before its term is added",
+            "mlx.nn.LSTM (the layers of mlx_audio.stt.models.nemotron_asr.rnnt.LSTM)",
+            "float32 weights on the CPU, from load (nets.layout.use_cpu_layout)",
+        ),
+        FastPath(
+            "rnnt.frame",
+            "one encoder frame of greedy transducer decoding on the device: up to "
+            "max_symbols joint / prediction steps, unrolled and compiled",
+            "nets.greedy.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
+            "always in a live frame",
+        ),
+        FastPath(
+            "offline.encoder",
+            "offline generation's listening as one encoder pass over the whole input (with its "
+            "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
+            "greedy symbols of its output after the loop (nets.greedy.greedy_decode: a run of "
+            "blanks costs one call, where the frame step's decoder runs max_symbols steps a frame)",
+            "the frame step's listening: each frame's mel window on the encoder's context and "
+            "its RNNT symbols",
+            "runtime.generate, always",
+        ),
+        FastPath(
+            "offline.codec",
+            "offline generation's speech decoded by one codec pass over all code frames after "
+            "the loop (the same codes; the audio within 1e-6 of the streamed codec's)",
+            "the frame step's codec frame (AudioCodec.decode_step), the stream's delay removed",
+            "runtime.generate, always",
+        ),
+    )
+}
+
+_off = threading.local()
+_global_off: set = set()
+
+
+def enabled(name: str) -> bool:
+    """Whether the fast path ``name`` may be taken (it is on unless :func:`disabled`)."""
+    if name not in PATHS:
+        raise KeyError(f"no fast path named {name!r}")
+    return name not in _global_off and name not in getattr(_off, "names", ())
+
+
+@contextlib.contextmanager
+def disabled(*names: str, all_threads: bool = True) -> Iterator[None]:
+    """Turn fast paths off inside the block (every one when no name is given): for tests that
+    compare a fast path with its anchor, and for debugging. ``all_threads=False`` turns them
+    off for the calling thread only."""
+    names = tuple(names) or tuple(PATHS)
+    for n in names:
+        if n not in PATHS:
+            raise KeyError(f"no fast path named {n!r}")
+    if all_threads:
+        added = [n for n in names if n not in _global_off]
+        _global_off.update(added)
+        try:
+            yield
+        finally:
+            _global_off.difference_update(added)
+    else:
+        before = getattr(_off, "names", frozenset())
+        _off.names = before | set(names)
+        try:
+            yield
+        finally:
+            _off.names = before

@@ -1,0 +1,93 @@
+"""The speech encoders' convolutions as matrix products and shifted sums (``encoder.convs``).
+
+MLX's CPU convolution computes each output as a sum over its window, one term at a time in
+window order, then adds the bias. These forms make the same sums in the same order with fewer,
+larger operations (bit-identical on the CPU, tested in ``tests/fastpaths/test_fastpaths.py``):
+
+* a pointwise conv (kernel 1, stride 1, one group): ``x @ W.T``, then the bias. BLAS sums each
+  output over the input channels in order. Weights marked with :func:`layout.as_matrix` are
+  stored column-major by ``layout.use_cpu_layout``, so the product is BLAS's plain case;
+* a 2-D conv with one input channel (the first subsampling conv): the windows gathered in
+  ``(kh, kw)`` order times ``W.T``, then the bias;
+* a depthwise 2-D conv (one channel per group): the sum of ``kh * kw`` strided slices, each times
+  its tap, in ``(kh, kw)`` order, then the bias.
+
+Any other conv, half-precision or quantized weights, and other devices run the layer itself.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import fastpaths
+from .layout import on_cpu
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def applies(layer) -> bool:
+    """Whether ``layer`` (an ``nn.Conv1d`` / ``nn.Conv2d``) runs as products here."""
+    if type(layer) not in (nn.Conv1d, nn.Conv2d) or not fastpaths.enabled("encoder.convs"):
+        return False
+    w = layer.weight
+    if w.dtype != mx.float32 or not on_cpu():
+        return False
+    if any(d != 1 for d in _pair(layer.dilation)) or any(p for p in _pair(layer.padding)):
+        return False
+    spatial = w.shape[1:-1]
+    if all(k == 1 for k in spatial):
+        return layer.groups == 1 and all(s == 1 for s in _pair(layer.stride))
+    if w.ndim != 4 or w.shape[-1] != 1:  # 2-D, one input channel per group
+        return False
+    return layer.groups in (1, w.shape[0])
+
+
+def conv(layer, x: mx.array) -> mx.array:
+    """``layer(x)`` for a channels-last ``x``: as products where :func:`applies`, else the
+    layer itself."""
+    if not applies(layer):
+        return layer(x)
+    w = layer.weight
+    if all(k == 1 for k in w.shape[1:-1]):
+        y = x @ _rows(w).T
+    elif layer.groups == 1:
+        y = _im2col(x, w, _pair(layer.stride))
+    else:
+        y = _depthwise(x, w, _pair(layer.stride))
+    return y + layer.bias if "bias" in layer else y
+
+
+def _rows(w: mx.array) -> mx.array:
+    """A pointwise weight ``[O, 1.., I]`` as ``[O, I]`` (a view: column-major data stays so)."""
+    return w[:, 0, :] if w.ndim == 3 else w[:, 0, 0, :]
+
+
+def _windows(x: mx.array, kernel, stride) -> mx.array:
+    """Every ``kernel`` window of ``x`` [B, H, W, C] at ``stride``: a view [B, Ho, Wo, kh, kw, C]
+    (``as_strided`` reads ``x`` in its row-major order)."""
+    B, H, W, C = x.shape
+    Ho, Wo = (H - kernel[0]) // stride[0] + 1, (W - kernel[1]) // stride[1] + 1
+    shape = (B, Ho, Wo, kernel[0], kernel[1], C)
+    return mx.as_strided(x, shape, (H * W * C, stride[0] * W * C, stride[1] * C, W * C, C, 1))
+
+
+def _im2col(x: mx.array, w: mx.array, stride) -> mx.array:
+    """A one-input-channel conv's windows, taps in ``(kh, kw)`` order, times ``W.T``."""
+    win = _windows(x, w.shape[1:3], stride)
+    cols = win.reshape(*win.shape[:3], -1)
+    return cols @ mx.contiguous(w.reshape(w.shape[0], -1).T)
+
+
+def _depthwise(x: mx.array, w: mx.array, stride) -> mx.array:
+    """Each tap's strided slice times the tap, summed in ``(kh, kw)`` order."""
+    kh, kw = w.shape[1:3]
+    terms = _windows(x, (kh, kw), stride) * w[..., 0].transpose(1, 2, 0)
+    y = terms[:, :, :, 0, 0]
+    for i in range(kh):
+        for j in range(kw):
+            if i or j:
+                y = y + terms[:, :, :, i, j]
+    return y

@@ -1,0 +1,129 @@
+"""Where the weights' bytes lie: float32 ``Linear`` weights column-major on the CPU.
+
+MLX's CPU backend multiplies float32 matrices with ``cblas_sgemm``, and the BLAS that the Linux
+``mlx[cpu]`` wheel ships is the reference one. ``nn.Linear`` computes ``x @ W.T`` with ``W``
+stored row-major ``[out, in]``: the transposed case, which that BLAS runs markedly slower than
+the plain one (BENCHMARKS.md has the figures).
+
+:func:`use_cpu_layout` stores such a weight's data as ``W.T`` made contiguous and keeps ``W`` as
+its transposed view. The parameter keeps its shape, dtype and values, so saving, quantizing,
+converting and comparing parameters are unaffected; only ``x @ W.T`` becomes the plain case.
+The BLAS sums each output in the same order either way, so outputs are bit-identical (tested).
+
+Pointwise convolutions marked with :func:`as_matrix` (their module multiplies them as
+matrices, ``nets.conv_products``) are stored the same way: the data ``[in, out]`` contiguous, the
+weight ``[out, 1.., in]`` a view of it. So are the RNNT prediction network's ``nn.LSTM`` weights
+(``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``).
+
+Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
+layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and
+``Linear`` layers whose weight is read directly rather than multiplied (marked with
+:func:`keep_row_major`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import fastpaths
+from ..derived import reset_derived
+
+_FLAG = "_cpu_layout_done"
+_KEEP = "_keep_row_major"
+_MATRIX = "_cpu_layout_matrix"
+
+
+def keep_row_major(linear: nn.Linear) -> nn.Linear:
+    """Mark ``linear`` as read directly (``weight.reshape`` etc.): it keeps its row-major data."""
+    setattr(linear, _KEEP, True)
+    return linear
+
+
+def as_matrix(conv: nn.Module) -> nn.Module:
+    """Mark a pointwise ``conv`` as multiplied as a matrix: :func:`use_cpu_layout` moves it."""
+    setattr(conv, _MATRIX, True)
+    return conv
+
+
+def _pointwise_view(w: mx.array):
+    """A float32 pointwise conv weight ``[out, 1.., in]`` as a view of its ``[in, out]``
+    contiguous transpose, or None for any other weight."""
+    if w.dtype != mx.float32 or w.ndim < 3 or any(k != 1 for k in w.shape[1:-1]):
+        return None
+    data = mx.contiguous(w.reshape(w.shape[0], w.shape[-1]).T)
+    return data.T.reshape(w.shape)
+
+
+class ColumnLSTM(nn.LSTM):
+    """``nn.LSTM`` on column-major weights, as :func:`use_cpu_layout` leaves a float32 one.
+
+    ``nn.LSTM`` computes ``addmm(bias, x, Wx.T)`` and ``addmm(ifgo, h, Wh.T)``. With ``W``
+    row-major that is BLAS's transposed case, which sums each product and then adds the other
+    term; on column-major data it is the plain case, which starts from the term and adds the
+    product's terms to it: other bits. So the product comes first here, then the term, as
+    the transposed case adds them, and the values are ``nn.LSTM``'s on the row-major weights,
+    bit for bit (``tests/fastpaths/test_fastpaths.py``). Other dtypes and devices: ``nn.LSTM``."""
+
+    def __call__(self, x, hidden=None, cell=None):
+        if self.Wx.dtype != mx.float32 or not on_cpu():  # set_dtype or a device since load
+            return super().__call__(x, hidden, cell)
+        x = x @ self.Wx.T
+        if self.bias is not None:
+            x = x + self.bias
+        all_hidden, all_cell = [], []
+        for idx in range(x.shape[-2]):
+            ifgo = x[..., idx, :]
+            if hidden is not None:
+                ifgo = hidden @ self.Wh.T + ifgo
+            i, f, g, o = mx.split(ifgo, 4, axis=-1)
+            i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
+            cell = f * cell + i * g if cell is not None else i * g
+            hidden = o * mx.tanh(cell)
+            all_cell.append(cell)
+            all_hidden.append(hidden)
+        return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
+
+
+def _move(module: nn.Module, name: str) -> int:
+    """Store ``module``'s float32 matrix ``name`` column-major (its data ``W.T`` contiguous, the
+    parameter a view of it); 1 when moved."""
+    w = getattr(module, name)
+    if w.dtype != mx.float32 or w.ndim != 2:
+        return 0
+    w = mx.contiguous(w.T).T
+    mx.eval(w)
+    setattr(module, name, w)
+    return 1
+
+
+def on_cpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def use_cpu_layout(model: nn.Module) -> int:
+    """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU
+    (and the pointwise convolutions marked with :func:`as_matrix`, and ``nn.LSTM`` weights).
+
+    One tensor at a time (the extra memory is one weight), once per model; returns how many
+    weights were moved. Does nothing on a GPU or when already done."""
+    if getattr(model, _FLAG, False) or not on_cpu():
+        return 0
+    moved = 0
+    for _, module in model.named_modules():
+        if getattr(module, _MATRIX, False):
+            w = _pointwise_view(module.weight)
+            if w is not None:
+                mx.eval(w)
+                module.weight = w
+                moved += 1
+        elif type(module) is nn.LSTM:
+            if module.Wx.dtype == mx.float32 and fastpaths.enabled("rnnt.lstm_step"):
+                moved += _move(module, "Wx") + _move(module, "Wh")
+                module.__class__ = ColumnLSTM  # the same parameters, multiplied in this layout
+        elif type(module) is nn.Linear and not getattr(module, _KEEP, False):
+            moved += _move(module, "weight")
+    setattr(model, _FLAG, True)
+    if moved:
+        reset_derived(model)
+    return moved

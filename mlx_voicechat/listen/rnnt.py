@@ -1,0 +1,220 @@
+"""Listening path, network 1b: the RNNT transcript head and the greedy transducer step.
+
+The prediction and joint networks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr.rnnt``).
+Every path decodes on the device with one function, :func:`greedy_step` (NeMo's
+``GreedyRNNTInfer`` rule for a batch, every row with its own cursor and prediction state, each
+step's prediction adopted only where it emitted): a live frame unrolls it to ``max_symbols``
+steps over its one encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the
+frame's tokens come out with the frame and no host read is needed between symbols; everything
+else (the recognizer, offline transcription) queues calls over windows of frames and reads them
+in rounds (``nets.greedy``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_audio.stt.models.nemotron_asr.config import JointArgs, PredictArgs
+from mlx_audio.stt.models.nemotron_asr.rnnt import LSTM, JointNetwork, PredictNetwork
+
+from .. import fastpaths
+from ..config import RNNTDecoderConfig, RNNTJointConfig
+from ..derived import compiled, derived
+
+NO_TOKEN = -1  # greedy_step's token where a row emitted none
+SPECIAL_PIECES = frozenset({"<unk>", "<pad>", "<s>", "</s>"})
+LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z0-9]{2,4}>$")
+WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
+
+
+class StackedLSTM(LSTM):
+    """mlx-audio's stacked LSTM, fed batch-first: its time-major transpose makes
+    ``nn.LSTM`` read the time axis as the batch, which is only right for one step."""
+
+    def __call__(self, x: mx.array, h_c=None):
+        h, c = h_c if h_c is not None else ([None] * self.num_layers, [None] * self.num_layers)
+        next_h, next_c = [], []
+        for i, layer in enumerate(self.lstm):
+            x, cells = layer(x, hidden=h[i], cell=c[i])
+            next_h.append(x[:, -1])
+            next_c.append(cells[:, -1])
+        return x, (mx.stack(next_h), mx.stack(next_c))
+
+
+class RNNTDecoder(PredictNetwork):
+    """``stt_model.rnnt_decoder``: embedding (+ the blank row) and the stacked LSTM.
+
+    ``__call__(y [B, U] or None, state)`` -> (outputs [B, U, H], (h, c) each [layers, B, H]);
+    ``y=None`` is the start symbol (a zero input, NeMo's blank-as-pad)."""
+
+    def __init__(self, cfg: RNNTDecoderConfig):
+        super().__init__(PredictArgs(**cfg.to_dict()))
+        self.blank_as_pad = cfg.blank_as_pad
+        self.prediction["dec_rnn"] = StackedLSTM(
+            cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers
+        )
+
+    def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
+        """:func:`predict_step` on this network. (On the CPU the LSTM's weights are stored
+        column-major at load, ``nets.layout``: its products are BLAS's plain case.)"""
+        return predict_step(self, y, state)
+
+    def predict(self, labels: mx.array, state=None, add_sos: bool = True):
+        """Teacher forcing (NeMo ``predict``): outputs for [start, y1, ..., yU] when ``add_sos``."""
+        x = self.prediction["embed"](labels)
+        if add_sos:
+            x = mx.concatenate([mx.zeros_like(x[:, :1]), x], axis=1)
+        return self.prediction["dec_rnn"](x, state)
+
+
+class RNNTJoint(JointNetwork):
+    """``stt_model.rnnt_joint``: enc / pred Linear, activation, ``joint_net.2`` to vocab + blank."""
+
+    def __init__(self, cfg: RNNTJointConfig):
+        super().__init__(JointArgs(**cfg.to_dict()))
+
+    @property
+    def blank_id(self) -> int:
+        # Errata 15: the blank is the joint's last output.
+        return self.joint_net[-1].weight.shape[0] - 1
+
+    def project_encoder(self, enc: mx.array) -> mx.array:
+        return self.enc(enc)
+
+    def project_prediction(self, pred: mx.array) -> mx.array:
+        return self.pred(pred)
+
+    def logits(self, enc_proj: mx.array, pred_proj: mx.array) -> mx.array:
+        """Joint logits of already-projected encoder and prediction frames (broadcast)."""
+        x = enc_proj + pred_proj
+        for layer in self.joint_net:
+            x = layer(x)
+        return x
+
+
+def predict_step(decoder, y: mx.array, state):
+    """One token per row through a prediction network ``decoder(y [B, U], state) -> (outputs
+    [B, U, H], state)``: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output [B, H],
+    (h, c)), the call's last output."""
+    out, state = decoder(y[:, None], state)
+    return out[:, -1], state
+
+
+def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_symbols: int):
+    """One step of the greedy transducer rule (NeMo's, Transformers' batched decoder's) for
+    every row of a batch, on the device.
+
+    ``e`` ``[B, W, J]``: projected encoder frames from each row's cursor ``t`` ``[B]`` on
+    (``length`` ``[B]``: its frames); ``pred`` ``[B, J]`` and ``h`` / ``c`` ``[layers, B, H]``:
+    the prediction network's projected output and state after each row's last token; ``sym``
+    ``[B]``: its tokens at the current frame; ``predict(y [B], (h, c)) -> (output [B, H],
+    (h, c))``: the prediction network's step (:func:`predict_step`). The joint's argmax on a
+    blank advances the cursor and keeps the prediction, so the labels of the next frames are
+    independent and the blank steps up to the window's first non-blank settle at once
+    (``jump``); that token is emitted, the prediction network runs on it and its state is
+    adopted where a row emitted; after ``max_symbols`` tokens at one frame the cursor advances
+    without a step. Returns
+    ``(jump, token or NO_TOKEN, pred, h, c, t, sym)``, each ``[B]`` or as given."""
+    w = mx.arange(e.shape[1], dtype=mx.int32)
+    valid = (t[:, None] + w[None, :]) < length[:, None]
+    labels = mx.argmax(joint.logits(e, pred[:, None, :]), axis=-1).astype(mx.int32)  # [B, W]
+    token = valid & (labels != blank)
+    emit = mx.any(token, axis=-1)
+    j = mx.argmax(token.astype(mx.int32), axis=-1).astype(mx.int32)  # the first one
+    k = mx.take_along_axis(labels, j[:, None], axis=-1)[:, 0]
+    jump = mx.where(emit, j, mx.sum(valid.astype(mx.int32), axis=-1))  # blank steps
+    t = t + jump
+    sym = mx.where(jump > 0, 0, sym)
+    out, (h2, c2) = predict(mx.where(emit, k, 0), (h, c))
+    pred2 = joint.project_prediction(out)
+    keep = emit[None, :, None]
+    h, c = mx.where(keep, h2, h), mx.where(keep, c2, c)
+    pred = mx.where(emit[:, None], pred2, pred)
+    sym = mx.where(emit, sym + 1, sym)
+    forced = emit & (sym >= max_symbols)
+    t = t + forced.astype(mx.int32)
+    sym = mx.where(forced, 0, sym)
+    return jump, mx.where(emit, k, NO_TOKEN), pred, h, c, t, sym
+
+
+def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
+    """The prediction of the start symbol for ``batch`` rows: (projected prediction [B, J],
+    LSTM state (h, c) [layers, B, H]). ``token`` None: a zero input (NeMo's blank-as-pad);
+    the recognizer embeds its blank from a zero state, as Transformers starts its decoder
+    (the embedding's blank row is zero in weights converted from NeMo, the same as a zero
+    input, not in a model fine-tuned with Transformers)."""
+    out, (h, c) = decoder(None if token is None else mx.array([[token]], dtype=mx.int32), None)
+    pred = joint.project_prediction(out[:, -1])
+    tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
+    return tile(pred, 0), (tile(h, 1), tile(c, 1))
+
+
+def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
+    """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
+    ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
+    order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
+    ``nets.greedy`` does. The prediction network runs by :func:`predict_step`."""
+
+    predict = functools.partial(predict_step, decoder)
+    one = mx.ones((enc_proj.shape[0],), mx.int32)
+    t = sym = 0 * one
+    labels = []
+    for _ in range(steps):
+        _, k, pred, h, c, t, sym = greedy_step(
+            predict, joint, enc_proj[:, None], pred, h, c, t, sym, one, blank, steps
+        )
+        labels.append(mx.where(k == NO_TOKEN, blank, k))
+    return mx.stack(labels, axis=1), h, c, pred
+
+
+class FrameDecoder:
+    """:func:`frame_greedy` for a decoder / joint pair, compiled (``rnnt.frame``), and the
+    prediction state a stream starts from."""
+
+    def __init__(self, decoder, joint: "RNNTJoint", max_symbols: Optional[int]):
+        if max_symbols is None or max_symbols < 1:
+            raise ValueError(
+                f"live RNNT decoding needs max_symbols >= 1 per frame, got {max_symbols!r}"
+            )
+        self.decoder, self.joint = decoder, joint
+        self.blank, self.steps = joint.blank_id, int(max_symbols)
+
+    def start(self):
+        """``(h, c, pred)`` of a stream before its first token: ``[layers, 1, H]`` twice and
+        ``[1, J]`` (the start symbol's prediction)."""
+
+        def build():
+            pred, (h, c) = start_state(self.decoder, self.joint)
+            mx.eval(h, c, pred)
+            return h, c, pred
+
+        return derived(self.joint, "rnnt.start", build)
+
+    def __call__(self, enc_proj, h, c, pred):
+        run = lambda e, h, c, p: frame_greedy(  # noqa: E731
+            self.decoder, self.joint, e, h, c, p, self.blank, self.steps
+        )
+        if not fastpaths.enabled("rnnt.frame"):
+            return run(enc_proj, h, c, pred)
+        fn = derived(self.joint, "rnnt.frame", lambda: compiled(run), (self.blank, self.steps))
+        return fn(enc_proj, h, c, pred)
+
+
+def decode_pieces(ids: Sequence[int], vocabulary: Sequence[str]) -> Tuple[str, Optional[str]]:
+    """SentencePiece ids -> (text, language): special pieces and ``<xx-XX>`` tags are dropped
+    (the last tag is the detected language), ``▁`` becomes a space, the ends are stripped."""
+    pieces, language = [], None
+    for i in ids:
+        if not 0 <= int(i) < len(vocabulary):
+            continue  # the blank and anything past the vocabulary have no piece
+        piece = vocabulary[int(i)]
+        if piece in SPECIAL_PIECES:
+            continue
+        if LANGUAGE_TAG.match(piece):
+            language = piece[1:-1]
+            continue
+        pieces.append(piece)
+    return "".join(pieces).replace(WORD_BOUNDARY, " ").strip(), language

@@ -1,0 +1,234 @@
+"""Random-weight Nemotron-3.5-ASR checkpoints, in mlx-audio's layout or the Transformers one.
+
+For tests and benchmarks without the real 0.6b weights. Scales: ``tiny`` (tests), ``small``
+(benchmarks), ``full`` (the real dimensions). The structure is the real model's (128 mels,
+[56, 13] attention context with lookaheads 13 / 6 / 1 / 0, conv kernel 9, a 2-layer LSTM,
+language prompts with an ``auto`` slot, ``<xx-XX>`` tags in the vocabulary); widths, layer
+counts, vocabulary and prompt count shrink with the scale. The joint's blank bias is set so that
+about 85 steps in 100 are blank on noise, so random models emit tokens at a speech-like
+rate rather than ``max_symbols`` per frame. A checkpoint is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..config import EncoderConfig, PreprocessorConfig, RNNTDecoderConfig, RNNTJointConfig
+from ..errors import VoiceChatError
+from ..files import atomic_folder
+from ..nemotron_voicechat.weights.loading import check_write_options
+from ..nemotron_voicechat.weights.scales import letter_pieces
+from ..nemotron_voicechat.weights.writer import save_safetensors, write_json
+from .config import ASRConfig, PromptConfig, transformers_config
+from .layout import to_transformers
+
+ASR_SCALES = ("tiny", "small", "full")
+ASR_LAYOUTS = ("mlx-audio", "transformers")
+BLANK_SHARE = 0.85  # of the steps on noise, for the blank bias
+_LANGUAGES = ["en-US", "es-ES", "de-DE", "fr-FR", "it-IT", "ja-JP", "zh-CN", "pt-BR"]
+
+_PRESETS = {
+    "tiny": dict(d=32, layers=2, heads=4, sub=16, vocab=64, pred=32, prompts=16, prompt_hidden=32),
+    "small": dict(
+        d=192, layers=6, heads=4, sub=64, vocab=1024, pred=160, prompts=128, prompt_hidden=384
+    ),
+    "full": dict(
+        d=1024, layers=24, heads=8, sub=256, vocab=13087, pred=640, prompts=128, prompt_hidden=2048
+    ),
+}
+
+
+def _pieces(n: int) -> List[str]:
+    """A SentencePiece-like vocabulary of ``n`` pieces with the language tags in it."""
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    pieces = ["<unk>", "\u2581"] + [f"<{lang}>" for lang in _LANGUAGES]
+    pieces += letters + ["\u2581" + c for c in letters] + ["'", ",", ".", "?"]
+    return letter_pieces(pieces, n)
+
+
+def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
+    """The config of a named scale; ``prompt=False``: without the language prompt (the
+    English-only ``nemotron_asr_streaming`` kind)."""
+    if scale not in _PRESETS:
+        raise VoiceChatError(
+            f"unknown recognizer scale {scale!r}; choose one of {', '.join(ASR_SCALES)}"
+        )
+    p = _PRESETS[scale]
+    n_prompts = p["prompts"] if prompt else 0
+    dictionary = {}
+    for i, lang in enumerate(_LANGUAGES[: max(n_prompts - 1, 0)]):
+        dictionary[lang] = i
+        dictionary[lang.split("-")[0]] = i
+    auto = 101 if n_prompts > 101 else n_prompts - 1
+    if n_prompts:
+        dictionary["auto"] = auto
+    else:
+        auto, dictionary = 0, {}
+    return ASRConfig(
+        preprocessor=PreprocessorConfig(),
+        encoder=EncoderConfig(
+            n_layers=p["layers"],
+            d_model=p["d"],
+            n_heads=p["heads"],
+            subsampling_conv_channels=p["sub"],
+            att_context_size=(56, 13),
+        ),
+        prompt=PromptConfig(
+            num_prompts=n_prompts,
+            prompt_hidden=p["prompt_hidden"],
+            prompt_dictionary=dictionary,
+            default_prompt_id=auto,
+        ),
+        decoder=RNNTDecoderConfig(pred_hidden=p["pred"], pred_rnn_layers=2, vocab_size=p["vocab"]),
+        joint=RNNTJointConfig(
+            encoder_hidden=p["d"],
+            pred_hidden=p["pred"],
+            joint_hidden=p["pred"],
+            num_classes=p["vocab"],
+        ),
+        vocabulary=_pieces(p["vocab"]),
+        lookaheads=(13, 6, 1, 0),
+    )
+
+
+def random_recognizer_weights(model, seed: int = 0) -> Dict[str, mx.array]:
+    """Deterministic random values for every parameter (MLX layout), then the blank bias."""
+    params = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    out = {}
+    for (name, p), k in zip(params, keys):
+        shape = p.shape
+        leaf = name.rsplit(".", 2)
+        is_norm = "norm" in leaf[-2] if len(leaf) > 1 else False
+        if len(shape) <= 1 and is_norm and name.endswith("weight"):
+            v = 1.0 + 0.1 * mx.random.normal(shape, key=k)
+        elif len(shape) <= 1 or name.endswith(("pos_bias_u", "pos_bias_v")):
+            v = 0.05 * mx.random.normal(shape, key=k)
+        else:
+            fan_in = 1 if "embed" in name else math.prod(shape[1:])
+            v = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
+        out[name] = v.astype(p.dtype)
+    blank = model.config.blank_id
+    embed = "decoder.prediction.embed.weight"
+    out[embed] = mx.concatenate([out[embed][:blank], mx.zeros_like(out[embed][blank:])])
+    model.load_weights(list(out.items()), strict=True)
+    out["joint.joint_net.2.bias"] = _blank_bias(model, seed)
+    return out
+
+
+def _blank_bias(model, seed: int) -> mx.array:
+    """The joint's bias with the blank's raised so that ``BLANK_SHARE`` of the steps over two
+    seconds of noise are blank, over prediction states after random tokens."""
+    rng = np.random.default_rng(seed)
+    noise = (0.1 * rng.standard_normal(32000)).astype(np.float32)
+    mel, mel_len = model.frontend(mx.array(noise)[None], mx.array([len(noise)]))
+    total = int(model.encoder.output_lengths(mel_len)[0].item())
+    enc = model.encoder.encode(mel, mel_len, total)
+    pid = mx.array([model.config.prompt.default_prompt_id], dtype=mx.int32)
+    frames = model.joint_frames(enc, pid)[0]
+    blank = model.config.blank_id
+    start, _ = model.start(1)
+    tokens = mx.array(rng.integers(0, blank, (1, 64)), dtype=mx.int32)
+    out, _ = model.decoder.predict(tokens)
+    preds = mx.concatenate([start, model.joint.project_prediction(out[0])])  # [65, J]
+    logits = model.joint.logits(frames[:, None], preds[None])  # [T, 33, V + 1]
+    margin = mx.max(logits[..., :blank], axis=-1) - logits[..., blank]
+    shift = float(np.quantile(np.array(margin.astype(mx.float32)), BLANK_SHARE))
+    bias = model.joint.joint_net[-1].bias
+    return bias + mx.where(mx.arange(bias.shape[0]) == blank, shift, 0.0).astype(bias.dtype)
+
+
+def _tokenizer_json(vocabulary: List[str], blank: int) -> Dict:
+    """A Transformers ``tokenizer.json`` for the pieces (BPE vocabulary, Metaspace) with
+    ``<blank>`` as the added token after them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {p: i for i, p in enumerate(vocabulary)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.add_special_tokens(["<blank>"])
+    import json
+
+    return json.loads(tok.to_str())
+
+
+def make_recognizer_checkpoint(
+    out_dir,
+    scale: str = "tiny",
+    layout: str = "mlx-audio",
+    *,
+    quantize: Optional[int] = None,
+    group_size: int = 64,
+    seed: int = 0,
+    dtype: str = "float32",
+    prompt: bool = True,
+    force: bool = False,
+) -> Path:
+    """Write a random-weight recognizer checkpoint and return its folder (see
+    :func:`mlx_voicechat.nemotron_voicechat.weights.factory.make_checkpoint` for ``out_dir`` and
+    ``force``).
+    ``prompt=False`` leaves the language prompt out (Transformers: ``nemotron_asr_streaming``)."""
+    from ..nemotron_voicechat.weights.factory import check_target
+    from .network import RecognizerNetwork as Recognizer
+
+    if layout not in ASR_LAYOUTS:
+        raise VoiceChatError(
+            f"unknown recognizer layout {layout!r}; choose one of {', '.join(ASR_LAYOUTS)}"
+        )
+    if quantize and layout == "transformers":
+        raise VoiceChatError(
+            "the Transformers layout is not quantized; quantize mlx-audio's layout"
+        )
+    check_write_options(quantize, dtype, group_size, VoiceChatError)
+    out_dir, replace = check_target(out_dir, force)
+    config = asr_scale_config(scale, prompt)
+    model = Recognizer(config)
+    weights = random_recognizer_weights(model, seed)
+    if dtype != "float32":
+        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    model.load_weights(list(weights.items()), strict=True)
+    if quantize:
+        chosen = []
+
+        def predicate(path, module):
+            ok = hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
+            if ok:
+                chosen.append(path)
+            return ok
+
+        nn.quantize(model, group_size=group_size, bits=quantize, class_predicate=predicate)
+        if not chosen:
+            raise VoiceChatError(
+                f"no matrix of the {scale} recognizer has an input width divisible by group "
+                f"size {group_size}; pick a smaller group size"
+            )
+        config.quantization = {"group_size": group_size, "bits": quantize, "mode": "affine"}
+        weights = dict(tree_flatten(model.parameters()))
+
+    with atomic_folder(out_dir, replace) as tmp:
+        if layout == "mlx-audio":
+            write_json(tmp / "config.json", config.to_dict())
+            save_safetensors(tmp / "model.safetensors", weights)
+        else:
+            cfg, processor = transformers_config(config)
+            write_json(tmp / "config.json", cfg)
+            write_json(tmp / "processor_config.json", processor)
+            write_json(tmp / "tokenizer.json", _tokenizer_json(config.vocabulary, config.blank_id))
+            write_json(
+                tmp / "tokenizer_config.json",
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "unk_token": "<unk>",
+                    "pad_token": "<unk>",
+                },
+            )
+            save_safetensors(tmp / "model.safetensors", to_transformers(weights), {"format": "pt"})
+    return out_dir

@@ -1,0 +1,129 @@
+"""Nemotron-3.5-ASR's networks: cache-aware FastConformer, language prompt, RNNT.
+
+The blocks are this package's (``nets.encoder.FastConformer``, ``nets.rnnt.RNNTDecoder`` /
+``RNNTJoint``), built on mlx-audio's ``nemotron_asr`` modules, so the parameter names are
+mlx-audio's (``encoder.*``, ``prompt_kernel.*``, ``decoder.prediction.*``, ``joint.*``). What
+this model adds to the VoiceChat encoder:
+
+* a lookahead: attention sees ``lookahead`` frames to the right, chunk by chunk
+  (``chunked_limited``, chunks of ``lookahead + 1`` frames), so a chunk's outputs become final
+  together, once its last frame's input is in;
+* lengths that mask: each clip's frames past its length are zeros at every subsampling stage
+  and masked as attention keys (NeMo's ``MaskedConvSequential`` and pad mask), so a clip's
+  frames never depend on its padding, in a batch or alone;
+* the language prompt: a one-hot of the prompt id concatenated to every encoder frame and
+  projected back (``prompt_kernel``: Linear, ReLU, Linear).
+
+The end of a clip (``nets.mel.EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)`` mel
+frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
+what mlx-audio's ``generate`` computes (that last frame is real and counted, nothing masked
+inside the subsampling), which differs from NeMo in the last chunk of some lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import fastpaths
+from ..audio.mel import recognizer_mel
+from ..derived import compiled, derived
+from ..listen.fastconformer import EncoderCache, FastConformer, LayerCache
+from ..listen.rnnt import RNNTDecoder, RNNTJoint, start_state
+from .config import ASRConfig
+
+
+class RecognizerEncoder(FastConformer):
+    """The FastConformer as the recognizer runs it (see the module docstring): NeMo's masks
+    inside the subsampling and its xscaling; a steady chunk compiled with the subsampling,
+    the prompt and the joint's projection (``asr.chunk``, ``RecognizerNetwork.encode_chunk``)."""
+
+    masked_input = True
+    steady_path, steady_cpu_only = "asr.chunk", False
+
+
+class RecognizerNetwork(nn.Module):
+    """The parameter tree of Nemotron-3.5-ASR (mlx-audio's key names)."""
+
+    def __init__(self, config: ASRConfig):
+        super().__init__()
+        self.config = config
+        self.model_type = config.model_type
+        self.frontend = recognizer_mel(config)  # not a parameter: computed, never loaded
+        self.encoder = RecognizerEncoder(config.encoder)
+        p = config.prompt
+        if p.num_prompts:
+            d = config.encoder.d_model
+            self.prompt_kernel = [
+                nn.Linear(d + p.num_prompts, p.prompt_hidden),
+                nn.ReLU(),
+                nn.Linear(p.prompt_hidden, d),
+            ]
+        self.decoder = RNNTDecoder(config.decoder)
+        self.joint = RNNTJoint(config.joint)
+
+    @property
+    def has_prompt(self) -> bool:
+        return bool(self.config.prompt.num_prompts)
+
+    def apply_prompt(self, x: mx.array, prompt_ids: mx.array) -> mx.array:
+        """Encoder frames [B, T, D] conditioned on each row's prompt id ([B] int)."""
+        if not self.has_prompt:
+            return x
+        B, T, _ = x.shape
+        n = self.config.prompt.num_prompts
+        one_hot = (mx.arange(n)[None, :] == prompt_ids[:, None]).astype(x.dtype)
+        x = mx.concatenate([x, mx.broadcast_to(one_hot[:, None, :], (B, T, n))], axis=-1)
+        for layer in self.prompt_kernel:
+            x = layer(x)
+        return x
+
+    def joint_frames(self, encoded: mx.array, prompt_ids: mx.array) -> mx.array:
+        """Encoder frames -> the joint's encoder side (prompt, then ``joint.enc``)."""
+        return self.joint.project_encoder(self.apply_prompt(encoded, prompt_ids))
+
+    def encode_chunk(
+        self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None
+    ):
+        """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (its first row mel
+        frame ``start``; with ``mel_len``, masked past it) through the layers on ``cache``,
+        then :meth:`joint_frames`: (joint frames, the advanced cache). A steady chunk
+        (:meth:`RecognizerEncoder.steady`) is one compiled call (``asr.chunk``): the
+        subsampling, the layers and the projections fused, the same values as op by op."""
+        enc = self.encoder
+        n = frames.stop - frames.start
+        if mel_len is not None or not enc.steady(n, cache):
+            x = enc.subsample(mel, start, mel_len)[:, frames]
+            x, cache = enc.step(x, cache)
+            return self.joint_frames(x, prompt_ids), cache
+        key = (frames.start, frames.stop)  # and the fast paths traced into it:
+        convs = fastpaths.enabled("encoder.convs")
+        fn = derived(self, "asr.chunk", lambda: self._chunk_fn(*key), (*key, convs))
+        pos = enc.positions(enc.left_context + n, enc.pre_encode.out.weight.dtype)
+        out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
+        layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
+        return out, EncoderCache(layers, cache.offset + n)
+
+    def _chunk_fn(self, first: int, last: int):
+        """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
+        *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
+        when they change: ``nets.derived``)."""
+        enc = self.encoder
+
+        def run(mel, prompt_ids, *arrays):
+            x, *caches = enc.steady_layers(enc.subsample(mel)[:, first:last], arrays, 0)
+            return (self.joint_frames(x, prompt_ids), *caches)
+
+        return compiled(run)
+
+    def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
+        """The start symbol's prediction for ``batch`` rows: its blank embedded from a zero
+        state, as Transformers starts its decoder (``nets.rnnt.start_state``)."""
+        return start_state(self.decoder, self.joint, batch, self.config.blank_id)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            "the recognizer is driven by mlx_voicechat.nemotron_asr.transcribe, not called"
+        )

@@ -1,0 +1,116 @@
+"""Deterministic random values for every parameter of a VoiceChat model (MLX layout): the
+same (config, seed) gives the same arrays."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ...config import VoiceChatConfig
+from .scales import SPECIAL_TOKENS
+
+
+def _is_norm(name: str) -> bool:
+    leaf = name.rsplit(".", 2)
+    return "norm" in name.rsplit(".", 1)[0].rsplit(".", 1)[-1] or leaf[-2].endswith("norm")
+
+
+def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: int = 0):
+    """Deterministic random values for every parameter of ``model`` (MLX layout)."""
+    key = mx.random.key(seed)
+    params = tree_flatten(model.parameters())
+    out: Dict[str, mx.array] = {}
+    vocab = config.text_args.vocab_size
+    codebook = config.tts_config.codebook_size
+    keys = mx.random.split(key, len(params))
+    for i, (name, p) in enumerate(sorted(params, key=lambda kv: kv[0])):
+        k = keys[i]
+        shape = p.shape
+        if p.dtype in (mx.int32, mx.int64, mx.uint32):
+            out[name] = _int_buffer(name, shape, config, tokenizer, vocab, codebook, k)
+            continue
+        if name.endswith("featurizer.fb"):
+            pre = config.audio_config.preprocessor
+            fb = _slaney_mel(pre.sample_rate, pre.n_fft, pre.features)
+            out[name] = mx.array(fb[None])
+        elif name.endswith("featurizer.window"):
+            out[name] = mx.array(np.hanning(shape[0]).astype(np.float32))
+        elif name.endswith("A_log"):
+            out[name] = mx.log(mx.random.uniform(1.0, 16.0, shape, key=k))
+        elif name.endswith("mixer.D"):
+            out[name] = mx.ones(shape)
+        elif len(shape) <= 1 and (_is_norm(name) or name.endswith((".gate",))):
+            out[name] = 1.0 + 0.1 * mx.random.normal(shape, key=k)
+        elif len(shape) <= 1:
+            out[name] = 0.05 * mx.random.normal(shape, key=k)
+        else:
+            fan_in = (
+                math.prod(shape[1:])
+                if "embed" not in name
+                and "rvq" not in name
+                and "mus_list" not in name
+                and "latents" not in name
+                else 1
+            )
+            out[name] = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
+        out[name] = out[name].astype(p.dtype)
+    return out
+
+
+def _int_buffer(name, shape, config, tokenizer, vocab, codebook, key):
+    if name.endswith("codec_silence_tokens"):
+        return mx.random.randint(0, codebook, shape, key=key).astype(mx.int32)
+    if name.endswith("control_codes"):
+        return mx.array([codebook + 2, codebook + 1, codebook], dtype=mx.int32)
+    if name.endswith("bos_eos_emb.special_flags"):
+        flags = np.zeros(shape, np.int32)
+        flags[config.bos_token_id] = 1
+        flags[config.eos_token_id] = 2
+        return mx.array(flags)
+    if name.endswith("subword_flag_emb.is_continuation"):
+        # 1 for pieces that continue a word; 0 for specials, word starts ("Ġ...") and the pad row.
+        cont = np.ones(shape, np.int32)
+        cont[: len(SPECIAL_TOKENS)] = 0
+        cont[-1] = 0
+        for piece, i in tokenizer.get_vocab().items():
+            if piece.startswith("\u0120") and i < shape[0]:
+                cont[i] = 0
+        return mx.array(cont)
+    if name.endswith("bos_eos_emb.pad_tensor"):
+        return mx.array(vocab - 1, dtype=mx.int32).reshape(shape)
+    if name.endswith("subword_flag_emb.pad_tensor"):
+        return mx.array(vocab, dtype=mx.int32).reshape(shape)
+    return mx.zeros(shape, dtype=mx.int32)
+
+
+def _slaney_mel(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """librosa's Slaney-scale, Slaney-normalised mel filters [n_mels, n_fft // 2 + 1]."""
+
+    def hz_to_mel(f):
+        f = np.asarray(f, dtype=np.float64)
+        mels = f / (200.0 / 3)
+        log_t = f >= 1000.0
+        return np.where(
+            log_t, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mels
+        )
+
+    def mel_to_hz(m):
+        m = np.asarray(m, dtype=np.float64)
+        f = (200.0 / 3) * m
+        log_t = m >= 15.0
+        return np.where(log_t, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)), f)
+
+    fft_freqs = np.linspace(0, sr / 2, n_fft // 2 + 1)
+    mel_f = mel_to_hz(np.linspace(hz_to_mel(0.0), hz_to_mel(sr / 2), n_mels + 2))
+    fdiff = np.diff(mel_f)
+    ramps = mel_f[:, None] - fft_freqs[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels]))[:, None]
+    return weights.astype(np.float32)
