@@ -83,6 +83,15 @@ def load_blas():
     return BLAS
 
 
+def _exists(name):
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _group_and_rest(fullname):
     """('mlx_lm.models', 'type', [sub...]) for names the finder serves, else None."""
     parts = fullname.split(".")
@@ -224,14 +233,17 @@ class PluginFinder:
             if self._builtin_exists(fullname, path, target):
                 return None
         if sub:
-            # `<alias>.config` is the plugin package's `config`; `<alias>.config.tree` is that
-            # package's `tree`: one module object under both names, never a second copy.
+            # `<alias>.model` is the entry package's `model` (`mlx_voicechat.nemotron_voicechat
+            # .model`), `<alias>.config` the plugin package's `config` where the entry package
+            # has none; `<alias>.config.tree` is that package's `tree`: one module object under
+            # both names, never a second copy.
             parent = sys.modules.get(fullname.rsplit(".", 1)[0])
             package = module.rsplit(".", 1)[0]
             if parent is None:
                 return None
-            if parent.__name__ == module:
-                module = package + "." + sub[-1]
+            if parent.__name__ == module:  # the entry package's own submodule, else a shared one
+                own = module + "." + sub[-1]
+                module = own if _exists(own) else package + "." + sub[-1]
             elif len(sub) > 1 and parent.__name__.startswith(package + "."):
                 module = parent.__name__ + "." + sub[-1]
             else:

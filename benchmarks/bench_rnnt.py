@@ -1,4 +1,4 @@
-"""VoiceChat's greedy RN-T decoding offline (``nets.greedy.greedy_decode``), against another
+"""VoiceChat's greedy RN-T decoding offline (``listen.greedy.greedy_decode``), against another
 revision's ``greedy_decode`` in the same run.
 
     python benchmarks/bench_rnnt.py [--dir DIR] [--scale medium] [--shifts 0,4,6]

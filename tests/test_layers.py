@@ -215,3 +215,27 @@ def test_a_family_layer_is_found_by_family_then_layer():
     assert layer_of(f"{PACKAGE}.serve.app") == (4, 0)
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of(f"{PACKAGE}.nemotron_voicechat.unplaced")
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("runtime.session", "nemotron_voicechat.runtime.session"),
+        ("runtime.request", "nemotron_voicechat.runtime.request"),
+        ("runtime.devices", "audio.devices"),
+        ("runtime.asr_session", "nemotron_asr.session"),
+    ],
+)
+def test_the_first_layouts_documented_paths_are_the_modules(old, new):
+    import importlib
+
+    kept = importlib.import_module(f"{PACKAGE}.{old}")
+    assert kept is importlib.import_module(f"{PACKAGE}.{new}")
+    assert kept.__name__ == f"{PACKAGE}.{new}"
+
+
+def test_the_factory_path_keeps_make_checkpoint():
+    from mlx_voicechat.factory import make_checkpoint
+    from mlx_voicechat.nemotron_voicechat.weights.factory import make_checkpoint as moved
+
+    assert make_checkpoint is moved

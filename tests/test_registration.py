@@ -103,8 +103,11 @@ def test_submodule_alias():
         import mlx_audio.sts.models.nemotron_voicechat.config as c
         import mlx_voicechat.config as ours
         print(c is ours)
+        import mlx_lm.models.nemotron_voicechat.model as m
+        import mlx_voicechat.nemotron_voicechat.model as own
+        print(m is own)
     """)
-    assert out.strip() == "True"
+    assert out.split() == ["True", "True"]
 
 
 def test_post_load_hook_rejects_silently_missing_tensors(tmp_path, tiny_checkpoints):

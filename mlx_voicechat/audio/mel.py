@@ -34,7 +34,7 @@ from .. import fastpaths
 from ..config import ConfigError, PreprocessorConfig
 from ..derived import compiled
 from ..errors import SessionError
-from ..fastpaths.layout import on_cpu
+from ..fastpaths import on_cpu
 
 EDGES = ("nemo", "mlx-audio")
 # Encoder frames of left context fed to the subsampling convs of a chunk: their causal

@@ -2,11 +2,12 @@
 
 The loop (:func:`chat_loop`) reads 80 ms blocks from an audio source, feeds them to the
 session, plays each event's speech on the sink and prints the words as they come. It knows the
-devices only through ``runtime.devices``' source / sink interface, so tests drive it with
+devices only through ``audio.devices``' source / sink interface, so tests drive it with
 arrays. Ctrl-C ends the conversation cleanly.
 
 With ``--mcp FILE`` the MCP servers of FILE are started, their tools are the model's, and a
-call the model makes runs on the MCP client's own thread (``runtime.mcp``) while the loop goes
+call the model makes runs on the MCP client's own thread (``nemotron_voicechat.runtime.mcp``) while
+the loop goes
 on; each result is queued with ``add_tool_result`` between frames, when it arrives.
 """
 
@@ -70,7 +71,8 @@ def chat_loop(
     run. A KeyboardInterrupt passes through, between or inside frames, for the caller to end
     the conversation.
 
-    ``tools`` (a started ``runtime.mcp.MCPTools``) runs the calls the model makes to its
+    ``tools`` (a started ``nemotron_voicechat.runtime.mcp.MCPTools``) runs the calls the model makes
+    to its
     tools; each outcome is queued into the session before the next block and handed to
     ``on_outcome``."""
     from ..audio.devices import DeviceError

@@ -31,6 +31,8 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterator
 
+import mlx.core as mx
+
 #: The versions the anchors were checked against; pyproject.toml admits each one's minor series.
 CHECKED_AGAINST = {"mlx": "0.32.4", "mlx-lm": "0.32.2", "mlx-audio": "0.6.2"}
 
@@ -85,7 +87,7 @@ PATHS: Dict[str, FastPath] = {
             "encoder.convs",
             "the speech encoders' convolutions as products: pointwise ones as x @ W.T on "
             "column-major weights, the first subsampling conv as its windows times W.T, the "
-            "depthwise subsampling convs as sums of strided slices (nets.conv_products)",
+            "depthwise subsampling convs as sums of strided slices (fastpaths.conv_products)",
             "mlx.nn.Conv1d / Conv2d (mlx-audio's subsampling and conformer convolution)",
             "float32 weights on the CPU",
         ),
@@ -153,6 +155,11 @@ PATHS: Dict[str, FastPath] = {
 
 _off = threading.local()
 _global_off: set = set()
+
+
+def on_cpu() -> bool:
+    """Whether MLX runs on the CPU (the condition most fast paths apply under)."""
+    return mx.default_device().type == mx.DeviceType.cpu
 
 
 def enabled(name: str) -> bool:

@@ -13,6 +13,11 @@ larger operations (bit-identical on the CPU, tested in ``tests/fastpaths/test_fa
   its tap, in ``(kh, kw)`` order, then the bias.
 
 Any other conv, half-precision or quantized weights, and other devices run the layer itself.
+
+A network marks the convolutions that may run so with :func:`products`;
+``layout.use_cpu_layout`` (at load, on the CPU) makes them :class:`ProductConv1d` /
+:class:`ProductConv2d`: the same layer and parameters, whose call is :func:`conv`. The network's
+own code calls ``layer(x)`` either way.
 """
 
 from __future__ import annotations
@@ -21,16 +26,32 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import fastpaths
-from .layout import on_cpu
+from . import on_cpu
+
+PRODUCTS = "_cpu_products"
 
 
 def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
+def products(layer: nn.Module) -> nn.Module:
+    """Mark a convolution as one that runs as products where they apply (see the module)."""
+    setattr(layer, PRODUCTS, True)
+    return layer
+
+
+def plain(layer, x: mx.array) -> mx.array:
+    """``layer(x)`` as MLX's own layer computes it (a product convolution's base class)."""
+    for base in (nn.Conv2d, nn.Conv1d):
+        if isinstance(layer, base):
+            return base.__call__(layer, x)
+    return layer(x)
+
+
 def applies(layer) -> bool:
     """Whether ``layer`` (an ``nn.Conv1d`` / ``nn.Conv2d``) runs as products here."""
-    if type(layer) not in (nn.Conv1d, nn.Conv2d) or not fastpaths.enabled("encoder.convs"):
+    if not isinstance(layer, (nn.Conv1d, nn.Conv2d)) or not fastpaths.enabled("encoder.convs"):
         return False
     w = layer.weight
     if w.dtype != mx.float32 or not on_cpu():
@@ -49,7 +70,7 @@ def conv(layer, x: mx.array) -> mx.array:
     """``layer(x)`` for a channels-last ``x``: as products where :func:`applies`, else the
     layer itself."""
     if not applies(layer):
-        return layer(x)
+        return plain(layer, x)
     w = layer.weight
     if all(k == 1 for k in w.shape[1:-1]):
         y = x @ _rows(w).T
@@ -91,3 +112,20 @@ def _depthwise(x: mx.array, w: mx.array, stride) -> mx.array:
             if i or j:
                 y = y + terms[:, :, :, i, j]
     return y
+
+
+class ProductConv1d(nn.Conv1d):
+    """``nn.Conv1d`` whose call is :func:`conv`: products where they apply, else its own."""
+
+    def __call__(self, x):
+        return conv(self, x)
+
+
+class ProductConv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose call is :func:`conv`: products where they apply, else its own."""
+
+    def __call__(self, x):
+        return conv(self, x)
+
+
+PRODUCT_CLASSES = {nn.Conv1d: ProductConv1d, nn.Conv2d: ProductConv2d}

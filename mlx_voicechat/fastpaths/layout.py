@@ -10,9 +10,10 @@ its transposed view. The parameter keeps its shape, dtype and values, so saving,
 converting and comparing parameters are unaffected; only ``x @ W.T`` becomes the plain case.
 The BLAS sums each output in the same order either way, so outputs are bit-identical (tested).
 
-Pointwise convolutions marked with :func:`as_matrix` (their module multiplies them as
-matrices, ``nets.conv_products``) are stored the same way: the data ``[in, out]`` contiguous, the
-weight ``[out, 1.., in]`` a view of it. So are the RNNT prediction network's ``nn.LSTM`` weights
+Pointwise convolutions marked with :func:`as_matrix` (multiplied as matrices,
+:mod:`.conv_products`) are stored the same way: the data ``[in, out]`` contiguous, the weight
+``[out, 1.., in]`` a view of it; the convolutions marked with ``conv_products.products`` become
+its ``ProductConv1d`` / ``ProductConv2d`` (fast path ``encoder.convs``). So are the RNNT prediction network's ``nn.LSTM`` weights
 (``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``).
 
 Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
@@ -28,6 +29,8 @@ import mlx.nn as nn
 
 from .. import fastpaths
 from ..derived import reset_derived
+from . import on_cpu
+from .conv_products import PRODUCT_CLASSES, PRODUCTS
 
 _FLAG = "_cpu_layout_done"
 _KEEP = "_keep_row_major"
@@ -97,13 +100,10 @@ def _move(module: nn.Module, name: str) -> int:
     return 1
 
 
-def on_cpu() -> bool:
-    return mx.default_device().type == mx.DeviceType.cpu
-
-
 def use_cpu_layout(model: nn.Module) -> int:
     """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU
-    (and the pointwise convolutions marked with :func:`as_matrix`, and ``nn.LSTM`` weights).
+    (and the pointwise convolutions marked with :func:`as_matrix`, and ``nn.LSTM`` weights), and
+    turn the convolutions marked with ``conv_products.products`` into product convolutions.
 
     One tensor at a time (the extra memory is one weight), once per model; returns how many
     weights were moved. Does nothing on a GPU or when already done."""
@@ -123,6 +123,8 @@ def use_cpu_layout(model: nn.Module) -> int:
                 module.__class__ = ColumnLSTM  # the same parameters, multiplied in this layout
         elif type(module) is nn.Linear and not getattr(module, _KEEP, False):
             moved += _move(module, "weight")
+        if getattr(module, PRODUCTS, False) and type(module) in PRODUCT_CLASSES:
+            module.__class__ = PRODUCT_CLASSES[type(module)]  # the same layer, run as products
     setattr(model, _FLAG, True)
     if moved:
         reset_derived(model)

@@ -32,8 +32,9 @@ from ..audio.mel import PRE_ENCODE_CONTEXT  # noqa: F401  (re-exported)
 from ..caches import EncoderCache, LayerCache
 from ..config import EncoderConfig
 from ..derived import compiled, derived
-from ..fastpaths import conv_products
-from ..fastpaths.layout import as_matrix, on_cpu
+from ..fastpaths import on_cpu
+from ..fastpaths.conv_products import products
+from ..fastpaths.layout import as_matrix
 
 # Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
 DEFAULT_CHUNK_FRAMES = 256
@@ -49,13 +50,15 @@ def _conformer_args(cfg: EncoderConfig) -> ConformerArgs:
 
 class Subsampling(CausalDwStridingSubsampling):
     """Causal dw-striding subsampling; lengths computed on the device (no host sync); its
-    convolutions as products (``nets.conv_products``)."""
+    convolutions as products (marked for ``fastpaths.conv_products``)."""
 
     def __init__(self, args: ConformerArgs):
         super().__init__(args)
         for layer in self.conv:
-            if isinstance(layer, nn.Conv2d) and layer.weight.shape[1:3] == (1, 1):
-                as_matrix(layer)
+            if isinstance(layer, nn.Conv2d):
+                products(layer)
+                if layer.weight.shape[1:3] == (1, 1):
+                    as_matrix(layer)
 
     def stage_lengths(self, lengths) -> List:
         """Valid lengths after each stride-2 stage (ints or [B] arrays)."""
@@ -82,7 +85,7 @@ class Subsampling(CausalDwStridingSubsampling):
             if i in self._strided_idx:
                 pad = (self.pad_left, self.pad_right)
                 x = mx.pad(x, [(0, 0), pad, pad, (0, 0)])
-            x = conv_products.conv(layer, x)
+            x = layer(x)
             if stages and isinstance(layer, nn.ReLU):
                 scale *= self.stride
                 keep = (start // scale + mx.arange(x.shape[1]))[None, :] < stages[stage][:, None]
@@ -148,15 +151,15 @@ class ContextAttention(RelPositionMultiHeadAttention):
 
 class CausalConvolution(ConformerConvolution):
     """Conformer convolution module whose causal left padding comes from a cache; its
-    pointwise convolutions as products (``nets.conv_products``)."""
+    pointwise convolutions as products (marked for ``fastpaths.conv_products``)."""
 
     def __init__(self, args: ConformerArgs):
         super().__init__(args)
-        as_matrix(self.pointwise_conv1)
-        as_matrix(self.pointwise_conv2)
+        for layer in (self.pointwise_conv1, self.pointwise_conv2):
+            as_matrix(products(layer))
 
     def __call__(self, x, context=None, valid=None):
-        x = nn.glu(conv_products.conv(self.pointwise_conv1, x), axis=-1)
+        x = nn.glu(self.pointwise_conv1(x), axis=-1)
         if valid is not None:
             x = x * valid  # NeMo zeroes padded frames before the depthwise conv
         if context is None:
@@ -164,7 +167,7 @@ class CausalConvolution(ConformerConvolution):
         x = mx.concatenate([context, x], axis=1)
         new_context = x[:, x.shape[1] - self.pad_left :]
         x = self.depthwise_conv(x)
-        x = conv_products.conv(self.pointwise_conv2, self.activation(self.batch_norm(x)))
+        x = self.pointwise_conv2(self.activation(self.batch_norm(x)))
         return x, new_context
 
 
@@ -210,7 +213,7 @@ class FastConformer(nn.Module):
     masked), one compiled steady call (:meth:`steady_layers`: one frame of a VoiceChat stream,
     a chunk of ``lookahead + 1`` frames of a recognizer stream) and one chunked offline pass
     (:meth:`encode`). VoiceChat's perception runs the subsampling unmasked and unscaled, as
-    its NeMo checkpoints do; the recognizer (``nets.asr.RecognizerEncoder``) sets
+    its NeMo checkpoints do; the recognizer (``nemotron_asr.network.RecognizerEncoder``) sets
     ``masked_input``."""
 
     # NeMo's masks inside the subsampling, and xscaling when the config asks (the recognizer).

@@ -1,6 +1,6 @@
 """The package's one greedy transducer decoder, for one row or many, on the device: the
 recognizer's, offline VoiceChat transcription's and, unrolled over one frame
-(``nets.rnnt.frame_greedy``), a live frame's.
+(``listen.rnnt.frame_greedy``), a live frame's.
 
 The rule (NeMo's ``GreedyRNNTInfer``, TensorRT Edge-LLM's and Transformers' greedy RN-T alike):
 the step (joint on the current frame and prediction, argmax) always runs; on a blank the frame
@@ -11,7 +11,7 @@ frame. So a clip's steps are its tokens plus its blank steps, and ``steps + forc
 tokens + frames``.
 
 One compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) is
-``nets.rnnt.greedy_step`` over a window of frames from each row's cursor: it settles a run of
+``listen.rnnt.greedy_step`` over a window of frames from each row's cursor: it settles a run of
 blank steps and the token after it (the notes' steps, exactly). Every row has its own cursor,
 symbol count, prediction and LSTM state, on the device, and nothing is read per call. A *round*
 queues calls and reads them at once (one host read): per row and call, the blank steps taken and
@@ -216,7 +216,7 @@ class Transducer:
 
 def transducer(decoder, joint, blank: int, max_symbols: Optional[int]) -> Transducer:
     """The :class:`Transducer` of ``decoder`` and ``joint``, kept on the joint (with its compiled
-    steps, :func:`build_step`) until its weights change (``nets.derived``). ``max_symbols``
+    steps, :func:`build_step`) until its weights change (``derived``). ``max_symbols``
     None: no bound on the tokens of one frame."""
     cap = 2**30 if max_symbols is None else int(max_symbols)
     if cap < 1:

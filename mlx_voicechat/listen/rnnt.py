@@ -7,7 +7,7 @@ step's prediction adopted only where it emitted): a live frame unrolls it to ``m
 steps over its one encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the
 frame's tokens come out with the frame and no host read is needed between symbols; everything
 else (the recognizer, offline transcription) queues calls over windows of frames and reads them
-in rounds (``nets.greedy``).
+in rounds (``listen.greedy``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class RNNTDecoder(PredictNetwork):
 
     def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
         """:func:`predict_step` on this network. (On the CPU the LSTM's weights are stored
-        column-major at load, ``nets.layout``: its products are BLAS's plain case.)"""
+        column-major at load, ``fastpaths.layout``: its products are BLAS's plain case.)"""
         return predict_step(self, y, state)
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
@@ -156,7 +156,7 @@ def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, 
     """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
     ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
     order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
-    ``nets.greedy`` does. The prediction network runs by :func:`predict_step`."""
+    ``listen.greedy`` does. The prediction network runs by :func:`predict_step`."""
 
     predict = functools.partial(predict_step, decoder)
     one = mx.ones((enc_proj.shape[0],), mx.int32)

@@ -77,7 +77,7 @@ def load_recognizer(
     model_class: Optional[type] = None,
 ):
     """The recognizer in ``folder`` (a local checkpoint folder of either layout), built as
-    ``model_class`` (default: the parameter tree, ``nets.asr.RecognizerNetwork``;
+    ``model_class`` (default: the parameter tree, ``nemotron_asr.network.RecognizerNetwork``;
     :func:`mlx_voicechat.load` passes the user-facing ``Recognizer``)."""
     from mlx.utils import tree_flatten
 

@@ -1,6 +1,6 @@
 """Nemotron-3.5-ASR's networks: cache-aware FastConformer, language prompt, RNNT.
 
-The blocks are this package's (``nets.encoder.FastConformer``, ``nets.rnnt.RNNTDecoder`` /
+The blocks are this package's (``listen.fastconformer.FastConformer``, ``listen.rnnt.RNNTDecoder`` /
 ``RNNTJoint``), built on mlx-audio's ``nemotron_asr`` modules, so the parameter names are
 mlx-audio's (``encoder.*``, ``prompt_kernel.*``, ``decoder.prediction.*``, ``joint.*``). What
 this model adds to the VoiceChat encoder:
@@ -14,7 +14,8 @@ this model adds to the VoiceChat encoder:
 * the language prompt: a one-hot of the prompt id concatenated to every encoder frame and
   projected back (``prompt_kernel``: Linear, ReLU, Linear).
 
-The end of a clip (``nets.mel.EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)`` mel
+The end of a clip (``audio.mel.EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)``
+mel
 frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
 what mlx-audio's ``generate`` computes (that last frame is real and counted, nothing masked
 inside the subsampling), which differs from NeMo in the last chunk of some lengths.
@@ -109,7 +110,7 @@ class RecognizerNetwork(nn.Module):
     def _chunk_fn(self, first: int, last: int):
         """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
         *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
-        when they change: ``nets.derived``)."""
+        when they change: ``derived``)."""
         enc = self.encoder
 
         def run(mel, prompt_ids, *arrays):
@@ -120,7 +121,7 @@ class RecognizerNetwork(nn.Module):
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
         """The start symbol's prediction for ``batch`` rows: its blank embedded from a zero
-        state, as Transformers starts its decoder (``nets.rnnt.start_state``)."""
+        state, as Transformers starts its decoder (``listen.rnnt.start_state``)."""
         return start_state(self.decoder, self.joint, batch, self.config.blank_id)
 
     def __call__(self, *args, **kwargs):

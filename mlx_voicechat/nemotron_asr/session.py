@@ -1,7 +1,8 @@
 """Live transcription with Nemotron-3.5-ASR: samples in as they arrive, transcript out.
 
 ``TranscriptionSession.feed`` runs every step whose input is complete, the same networks as
-offline (``runtime.asr``) on the same frames, so for any chunking of the input the tokens, their
+offline (``nemotron_asr.transcribe``) on the same frames, so for any chunking of the input the
+tokens, their
 frames and the text equal the offline run (the encoder's left-context cache makes each chunk
 cost one chunk of work, whatever the stream's length):
 
@@ -18,7 +19,7 @@ cost one chunk of work, whatever the stream's length):
 - encoding: a steady chunk's subsampling, layers and joint projection are one compiled call
   (``RecognizerNetwork.encode_chunk``);
 - decoding: rounds of the greedy loop over the chunk's frames, one read each
-  (``nets.greedy``): the joint's labels over the frames left, so a chunk takes one read
+  (``listen.greedy``): the joint's labels over the frames left, so a chunk takes one read
   and one more per token in it. A session reads at most once per 1280 samples it has been fed
   (one read per 80 ms frame); on its last read a round runs several calls, and a burst of
   tokens beyond that waits for the next frames' reads (``finish`` reads what is left).

@@ -2,7 +2,7 @@
 
 audio -> log-mel -> FastConformer (+ language prompt) -> greedy transducer -> text. Many
 clips run as the rows of one batch: the mel and encoder with each row's lengths masking its
-padding (``nets.asr``), the decoder with a frame cursor per row (``nets.greedy``), so
+padding (``nemotron_asr.network``), the decoder with a frame cursor per row (``listen.greedy``), so
 each clip's tokens are those of its solo run. Phase timings are measured around one
 evaluation each (``--benchmark``), like TensorRT Edge-LLM's runtime.
 """

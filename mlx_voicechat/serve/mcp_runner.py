@@ -1,5 +1,6 @@
 """The connection's side of the Realtime ``mcp`` tools (:mod:`.mcp_tools`): :class:`McpRunner`
-runs the protocol's jobs on a ``runtime.mcp.MCPClient`` (a thread and event loop of its own,
+runs the protocol's jobs on a ``nemotron_voicechat.runtime.mcp.MCPClient`` (a thread and event loop
+of its own,
 never the MLX worker) and hands the outcomes back."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ log = logging.getLogger("mlx_voicechat.serve")
 
 
 class McpRunner:
-    """The connection's side: runs :class:`McpJob` objects on one ``runtime.mcp.MCPClient``
+    """The connection's side: runs :class:`McpJob` objects on one
+    ``nemotron_voicechat.runtime.mcp.MCPClient``
     (its own thread and event loop) and hands the outcomes to the protocol and the driver."""
 
     def __init__(self, conversation, policy: McpPolicy):

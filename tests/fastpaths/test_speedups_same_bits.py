@@ -68,6 +68,20 @@ def test_cpu_layout_moves_float_linears_once(tiny_checkpoints):  # and LSTMs
     assert layout.use_cpu_layout(model) == 0  # once
 
 
+def test_cpu_layout_turns_the_marked_convs_into_product_convs(tiny_checkpoints):
+    """The encoders' convolutions run as products because the layout swapped their class at
+    load; nothing else is swapped, and the network's code calls the layer plainly."""
+    from mlx_voicechat.fastpaths import conv_products
+
+    model = _plain(tiny_checkpoints["mlx-community"])
+    marked = [m for _, m in model.named_modules() if getattr(m, conv_products.PRODUCTS, False)]
+    assert len(marked) > 4 and all(type(m) in (nn.Conv1d, nn.Conv2d) for m in marked)
+    layout.use_cpu_layout(model)
+    swapped = [m for _, m in model.named_modules() if type(m).__name__.startswith("ProductConv")]
+    assert {id(m) for m in swapped} == {id(m) for m in marked}
+    assert all(type(m) in (conv_products.ProductConv1d, conv_products.ProductConv2d) for m in marked)
+
+
 def test_cpu_layout_leaves_quantized_and_half_precision(tiny_checkpoints):
     q = _plain(tiny_checkpoints["mlx-community-4bit"])
     float_linears = [

@@ -114,7 +114,7 @@ def test_cpu_layout_comes_with_load_only(ckpts, asr):
     """The float weights' CPU layout (nets/layout.py) is applied by load; a lazily loaded
     recognizer keeps the checkpoint's layout through transcribe and sessions (as a lazy
     VoiceChat model does), and hears the same tokens."""
-    from mlx_voicechat.fastpaths.layout import on_cpu
+    from mlx_voicechat.fastpaths import on_cpu
 
     assert getattr(asr, "_cpu_layout_done", False) == on_cpu()
     lazy = load(ckpts["mlx-audio"], lazy=True)

@@ -25,7 +25,8 @@ from mlx_lm.models import gemma3_text
 from ... import fastpaths
 from ...config import MoGHeadConfig
 from ...derived import compiled, derived
-from ...fastpaths.layout import keep_row_major, on_cpu
+from ...fastpaths import on_cpu
+from ...fastpaths.layout import keep_row_major
 from ...noise import NoiseSource
 from .char_encoder import OffsetRMSNorm
 

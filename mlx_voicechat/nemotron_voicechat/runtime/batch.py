@@ -13,7 +13,7 @@ only some conversations have a frame runs those rows (gathered, then written bac
 is queued before the previous one is read, and read once: one host read per batched frame.
 Every row computes what it computes alone, so each conversation's events equal the same
 conversation run through ``model.session()`` (bit for bit with MLX's CPU BLAS; see
-``nets.caches``).
+``caches``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class SessionBatch:
     def open(self, system_prompt: Optional[str] = None, **options) -> SessionHandle:
         """A new conversation; it joins at its first frame. A SessionError past ``max_sessions``.
         ``options``: ``seed`` (0), ``noise``, ``prompt`` (ids instead of ``system_prompt``),
-        ``tools``, ``max_seconds`` (see ``runtime.request.resolve``)."""
+        ``tools``, ``max_seconds`` (see ``nemotron_voicechat.runtime.request.resolve``)."""
         return SessionHandle(self, system_prompt, **options)
 
     def request(self, system_prompt: Optional[str] = None, **options) -> Request:

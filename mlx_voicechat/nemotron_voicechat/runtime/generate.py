@@ -2,7 +2,7 @@
 
 The frames run pipelined (:func:`run_frames`: each frame queued before the one ``LOOKAHEAD``
 frames back is read), each with its listening, RNNT symbols, thinking and speech. Two
-registered fast paths (``nets.fastpaths``) do parts of the loop once for the whole input:
+registered fast paths (``fastpaths``) do parts of the loop once for the whole input:
 ``offline.encoder``, the encoder over the input with its trailing silence and the RNNT's greedy
 symbols of its output on the host after the loop (off: each frame's mel window on the
 encoder's context and its symbols, in the step, as a session hears it), and ``offline.codec``,

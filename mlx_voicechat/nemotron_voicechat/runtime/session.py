@@ -1,13 +1,14 @@
 """The streaming session: talk to the model as audio arrives, one 80 ms frame at a time.
 
 ``Session.feed`` turns whatever audio has arrived into the frames that are now final and runs
-the one frame step (``runtime.step``) on each, returning one :class:`FrameEvent` per frame:
+the one frame step (``nemotron_voicechat.runtime.step``) on each, returning one :class:`FrameEvent`
+per frame:
 the ids, the deltas of the assistant's text, the function channel and the user's words, the
 turn marks and 1764 samples of speech. For any chunking of the input the events equal
 :func:`generate.generate` on the same samples (ids, codes and transcript identical; audio
 equal after the codec's fixed 6-sample delay).
 
-A session is the one conversation of a batch of its own (``runtime.batch``): a
+A session is the one conversation of a batch of its own (``nemotron_voicechat.runtime.batch``): a
 :class:`~.handle.SessionHandle` whose ``feed`` steps that batch, so the code that steps many
 conversations together steps this one.
 

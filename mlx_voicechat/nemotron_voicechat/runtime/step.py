@@ -37,7 +37,7 @@ import numpy as np
 
 from ...threads import note_mlx_thread
 from ..nets.codec import replace_control_codes
-from ..nets.heads import greedy_id, should_split
+from ...fastpaths.heads import greedy_id, should_split
 
 NO_ID = -1  # a forced-id flag that forces nothing
 
@@ -71,7 +71,7 @@ def step(
     (:class:`~.framestate.Flags`, a tool result's token, ``Session.force``), or, during a
     barge-in, the silence id instead of the text head's id until that id is BOS (which ends
     it). ``split_head``: on the CPU, run half of a big text head on :func:`head_stream` (the
-    same id, ``nets.heads``): a live frame has nothing else to run beside its text head.
+    same id, ``fastpaths.heads``): a live frame has nothing else to run beside its text head.
     ``layout``: pack the frame's words for its one host read into ``StepOut.words``.
     ``pipelined``: the caller queues the next frame before it reads this one (offline): the
     RNNT's symbols are scheduled now, the speech (``StepOut.speech``) is left to the caller."""
@@ -313,6 +313,6 @@ def speech_stream() -> mx.Stream:
 
 
 def head_stream() -> mx.Stream:
-    """The stream the second half of a split text head runs on (``nets.heads``): a third
+    """The stream the second half of a split text head runs on (``fastpaths.heads``): a third
     stream, one per thread and device, so the half does not queue behind the speech."""
     return _thread_stream(_HEAD_STREAMS)

@@ -1,4 +1,5 @@
-"""A new prompt's TTS state comes from the seed's prompt chain (``runtime.promptchain``), bit
+"""A new prompt's TTS state comes from the seed's prompt chain
+(``nemotron_voicechat.runtime.promptchain``), bit
 for bit the state of stepping the TTS over the prompt's positions: every cache, the previous
 code, the noise key and the frames that follow (text, function, transcript ids and audio), for
 prompts shorter than, as long as, and several times the TTS's sliding window."""

@@ -9,7 +9,7 @@ import pytest
 
 from mlx_voicechat import load
 from mlx_voicechat.errors import VoiceChatError
-from mlx_voicechat.nemotron_voicechat.nets import heads
+from mlx_voicechat.fastpaths import heads
 from mlx_voicechat.nemotron_voicechat.runtime import framestate, step
 from mlx_voicechat.nemotron_voicechat.runtime.generate import listen as generate_listen
 from mlx_voicechat.nemotron_voicechat.runtime.session import SessionError

@@ -1,5 +1,6 @@
-"""A session is the one conversation of a batch of its own (``runtime.session.Session`` is a
-``runtime.handle.SessionHandle``); the session options are one list."""
+"""A session is the one conversation of a batch of its own
+(``nemotron_voicechat.runtime.session.Session`` is a
+``nemotron_voicechat.runtime.handle.SessionHandle``); the session options are one list."""
 
 import pytest
 

@@ -9,7 +9,7 @@ logit is the same dot product in the same order either way, so the id is bit-ide
 
 The halves are row slices of the parameters (a quantized head's scales and biases sliced
 alike): views, no copy, where the weight is row-major, as half-precision and quantized heads
-are. A float32 head on the CPU is stored column-major (``nets.layout``), where a row slice is
+are. A float32 head on the CPU is stored column-major (``fastpaths.layout``), where a row slice is
 strided and would be copied at every call; :func:`should_split` leaves such a head whole (a
 second, row-split copy of its bytes would double its memory for little).
 """
@@ -21,8 +21,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ... import fastpaths
-from ...fastpaths.layout import on_cpu
+from .. import fastpaths
+from . import on_cpu
 
 #: Heads with fewer rows are not split: one call costs less than the second stream's hand-off.
 SPLIT_MIN_ROWS = 16384

@@ -1,11 +1,11 @@
-"""The split greedy head (nets.heads): the same id as the one-call head, bit for bit."""
+"""The split greedy head (fastpaths.heads): the same id as the one-call head, bit for bit."""
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
 from mlx_voicechat.fastpaths.layout import use_cpu_layout
-from mlx_voicechat.nemotron_voicechat.nets import heads
+from mlx_voicechat.fastpaths import heads
 from mlx_voicechat.nemotron_voicechat.runtime import step
 
 
