@@ -22,10 +22,10 @@ from packaging.version import Version
 from mlx_voicechat import fastpaths
 from mlx_voicechat.caches import RowCaches
 from mlx_voicechat.derived import reset_derived
+from mlx_voicechat.fastpaths import heads
 from mlx_voicechat.fastpaths.layout import use_cpu_layout
 from mlx_voicechat.listen.greedy import greedy_decode
 from mlx_voicechat.nemotron_voicechat import Model
-from mlx_voicechat.fastpaths import heads
 from mlx_voicechat.nemotron_voicechat.weights.random_init import random_weights
 from mlx_voicechat.nemotron_voicechat.weights.scales import build_tokenizer, scale_config
 from mlx_voicechat.noise import KeyNoise, RowNoise

@@ -4,8 +4,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlx_voicechat.fastpaths.layout import use_cpu_layout
 from mlx_voicechat.fastpaths import heads
+from mlx_voicechat.fastpaths.layout import use_cpu_layout
 from mlx_voicechat.nemotron_voicechat.runtime import step
 
 

@@ -35,9 +35,9 @@ from typing import List, Optional, Sequence, Tuple, Union
 import mlx.core as mx
 import numpy as np
 
+from ...fastpaths.heads import greedy_id, should_split
 from ...threads import note_mlx_thread
 from ..nets.codec import replace_control_codes
-from ...fastpaths.heads import greedy_id, should_split
 
 NO_ID = -1  # a forced-id flag that forces nothing
 
