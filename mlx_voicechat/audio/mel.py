@@ -30,11 +30,9 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
-from .. import fastpaths
 from ..config import ConfigError, PreprocessorConfig
-from ..derived import compiled
 from ..errors import SessionError
-from ..fastpaths import on_cpu
+from ..fastpaths.mel_bands import BandedLog
 
 EDGES = ("nemo", "mlx-audio")
 # Encoder frames of left context fed to the subsampling convs of a chunk: their causal
@@ -44,8 +42,6 @@ EDGES = ("nemo", "mlx-audio")
 PRE_ENCODE_CONTEXT = 2
 # Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
 MEL_BLOCK_FRAMES = 4096
-# Mel bins per product of the banded filterbank (``asr.mel``).
-MEL_GROUP = 8
 
 
 def check_edge(edge: str) -> str:
@@ -89,39 +85,17 @@ def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
     return fb
 
 
-def _bands(fb: np.ndarray, group: int = MEL_GROUP):
-    """The filterbank ``fb`` [bins, n_mels] cut into groups of ``group`` mel bins, each with
-    the span of FFT bins where its weights are nonzero: ``[(first bin, end bin, weights)]``."""
-    nonzero = fb != 0
-    out = []
-    for m0 in range(0, fb.shape[1], group):
-        cols = nonzero[:, m0 : m0 + group].any(1)
-        a = int(cols.argmax()) if cols.any() else 0
-        b = fb.shape[0] - int(cols[::-1].argmax()) if cols.any() else 1
-        out.append((a, b, mx.array(np.ascontiguousarray(fb[a:b, m0 : m0 + group]))))
-    return out
-
-
 class LogMel:
     """NeMo's log-mel (pre-emphasis, zero-padded centred STFT, ``|X| ** mag_power``, mel
     filterbank, natural log, no normalization) on a float32 ``window`` [win_length] and
     filterbank ``fb`` [n_fft // 2 + 1, n_mels]; ``banded``: the product band by band on the
-    CPU (``asr.mel``, for a filterbank that never changes)."""
+    CPU (``fastpaths.mel_bands``, for a filterbank that never changes)."""
 
     def __init__(self, cfg: PreprocessorConfig, window: mx.array, fb: mx.array, banded=False):
         self.cfg = check_preprocessor(cfg)
         self.n_fft, self.hop, self.preemph = cfg.n_fft, cfg.hop_length, cfg.preemph
         self.window, self.fb = window, fb
-        self._bands = _bands(np.array(fb)) if banded else None
-        self._banded = compiled(self._banded_log) if banded else None
-
-    def _banded_log(self, power: mx.array) -> mx.array:
-        """``log(power @ fb + guard)`` with the product taken group by group of mel bins over
-        the group's band of FFT bins: the filterbank is zero outside it, and the BLAS adds each
-        output's terms in order, so the values are the whole product's bit for bit
-        (``asr.mel``)."""
-        mel = mx.concatenate([power[..., a:b] @ w for a, b, w in self._bands], axis=-1)
-        return mx.log(mel + self.cfg.log_zero_guard_value)
+        self._banded = BandedLog(fb, cfg.log_zero_guard_value) if banded else None
 
     def frames(self, segment: mx.array) -> mx.array:
         """Log-mel of every full ``n_fft`` frame of a pre-emphasized, zero-padded 1-D
@@ -132,7 +106,7 @@ class LogMel:
         power = mx.square(spec.real) + mx.square(spec.imag)
         if self.cfg.mag_power != 2.0:
             power = mx.power(mx.sqrt(power), self.cfg.mag_power)
-        if self._banded is not None and fastpaths.enabled("asr.mel") and on_cpu():
+        if self._banded is not None and self._banded.applies():
             return self._banded(power)
         return mx.log(power @ self.fb + self.cfg.log_zero_guard_value)
 

@@ -116,28 +116,28 @@ PATHS: Dict[str, FastPath] = {
             "asr.mel",
             "the recognizer's mel filterbank product summed over each mel bin's band of FFT "
             "bins (in bin order, the bands' zeros left out), with the log, compiled",
-            "nets.mel.LogMel's power @ fb (the filterbank mlx-audio computes)",
+            "audio.mel.LogMel's power @ fb (the filterbank mlx-audio computes)",
             "on the CPU",
         ),
         FastPath(
             "rnnt.lstm_step",
-            "the prediction network's LSTM layers as nets.layout.ColumnLSTM: the weights "
+            "the prediction network's LSTM layers as fastpaths.layout.ColumnLSTM: the weights "
             "column-major (BLAS's plain case), each product computed before its term is added",
             "mlx.nn.LSTM (the layers of mlx_audio.stt.models.nemotron_asr.rnnt.LSTM)",
-            "float32 weights on the CPU, from load (nets.layout.use_cpu_layout)",
+            "float32 weights on the CPU, from load (fastpaths.layout.use_cpu_layout)",
         ),
         FastPath(
             "rnnt.frame",
             "one encoder frame of greedy transducer decoding on the device: up to "
             "max_symbols joint / prediction steps, unrolled and compiled",
-            "nets.greedy.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
+            "listen.greedy.greedy_decode (mlx-audio's PredictNetwork / JointNetwork)",
             "always in a live frame",
         ),
         FastPath(
             "offline.encoder",
             "offline generation's listening as one encoder pass over the whole input (with its "
             "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
-            "greedy symbols of its output after the loop (nets.greedy.greedy_decode: a run of "
+            "greedy symbols of its output after the loop (listen.greedy.greedy_decode: a run of "
             "blanks costs one call, where the frame step's decoder runs max_symbols steps a frame)",
             "the frame step's listening: each frame's mel window on the encoder's context and "
             "its RNNT symbols",
