@@ -233,7 +233,10 @@ class AudioCodec(nn.Module):
 
     # --- decoder ---------------------------------------------------------------------
 
-    def _overlap_add(self, frames: mx.array) -> mx.array:
+    # The decoder's streaming contract (``decode_step`` and the ``codec.step`` fast path use
+    # it): frames from the spectrum, their overlap-add, the squared window's envelope.
+
+    def overlap_add(self, frames: mx.array) -> mx.array:
         """[B, F, n_fft] -> [B, (F - 1) * hop + n_fft]; hop divides n_fft, so each hop-sized
         block of the output is a sum of shifted frame slices."""
         hop = self.config.hop_length
@@ -245,7 +248,12 @@ class AudioCodec(nn.Module):
         )
         return out.reshape(B, (F + r - 1) * hop)
 
-    def _spectrum_to_frames(self, x: mx.array) -> mx.array:
+    def window_envelope(self, frames: int) -> mx.array:
+        """The overlap-added squared window of ``frames`` frames: [(frames - 1) * hop + n_fft]."""
+        window = mx.broadcast_to(self._window**2, (1, frames, self.config.n_fft))
+        return self.overlap_add(window)[0]
+
+    def spectrum_to_frames(self, x: mx.array) -> mx.array:
         """Decoder output [B, F, stft_channels] -> clamped, windowed time frames [B, F, n_fft]."""
         bins = self.config.n_fft // 2 + 1
         x = x.astype(mx.float32)
@@ -279,9 +287,9 @@ class AudioCodec(nn.Module):
         overlap = n_fft - hop
         z = self.dequantize(codes).astype(self.decoder.layers[0].weight.dtype)
         spec, cache.conv_tails = self.decoder(z, cache.conv_tails)
-        frames = self._spectrum_to_frames(spec)
-        num = self._overlap_add(frames)
-        env = self._overlap_add(mx.broadcast_to(self._window**2, (1,) + frames.shape[1:]))[0]
+        frames = self.spectrum_to_frames(spec)
+        num = self.overlap_add(frames)
+        env = self.window_envelope(frames.shape[1])
         if cache.ola_tail is not None:
             num = mx.concatenate([num[:, :overlap] + cache.ola_tail, num[:, overlap:]], axis=1)
             env = mx.concatenate([env[:overlap] + cache.envelope_tail, env[overlap:]])

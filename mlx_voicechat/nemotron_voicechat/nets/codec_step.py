@@ -183,10 +183,9 @@ class FastStep:
         divides its wave, and the tail it leaves (both what the general path computes)."""
         if self._envelope is None:
             codec = self.codec
-            n_fft, hop = codec.config.n_fft, codec.config.hop_length
-            overlap = n_fft - hop
-            frame = mx.broadcast_to(codec._window**2, (1, codec.samples_per_frame // hop, n_fft))
-            env = codec._overlap_add(frame)[0]
+            hop = codec.config.hop_length
+            overlap = codec.config.n_fft - hop
+            env = codec.window_envelope(codec.samples_per_frame // hop)
             done = env.shape[0] - overlap
             head = mx.concatenate([env[:overlap] + env[done:], env[overlap:done]])
             tail = env[done:]
@@ -216,7 +215,7 @@ class FastStep:
                     new_tails.append(tail)
                 else:
                     x = (x @ next(weights)).reshape(B, -1, layer.weight.shape[0])
-            num = codec._overlap_add(codec._spectrum_to_frames(x))
+            num = codec.overlap_add(codec.spectrum_to_frames(x))
             num = mx.concatenate([num[:, :overlap] + ola_tail, num[:, overlap:]], axis=1)
             done = num.shape[1] - overlap
             return (num[:, :done] / envelope, num[:, done:], *new_tails)
