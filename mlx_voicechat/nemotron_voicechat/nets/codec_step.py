@@ -13,7 +13,8 @@ computes the very same sums as one compiled function, for one frame of each row 
   output's products in the same order either way;
 - the squared-window envelope is the same for every later frame: computed once.
 
-``tests/nemotron_voicechat/nets/test_codec_step.py`` checks that waves and caches match the general path bit for bit.
+``tests/nemotron_voicechat/nets/test_codec_step.py`` checks that waves and caches match the
+general path bit for bit.
 """
 
 from __future__ import annotations
