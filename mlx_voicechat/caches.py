@@ -1,15 +1,14 @@
 """Batch forms of per-conversation state, with mlx-lm's cache protocol.
 
 Every conversation's state is a tree of caches (``nemotron_voicechat.runtime.framestate``); a batch
-of
-conversations is the same tree with one row per conversation, and each cache offers what
+of conversations is the same tree with one row per conversation, and each cache offers what
 mlx-lm's caches offer for that (``state`` for snapshots, ``filter``, ``extend``, ``extract``,
 ``merge``; ours also ``meta_state``, the non-array part of a snapshot, which mlx-lm 0.32's own
 caches carry in ``state``). Fixed-size state (Mamba, LSTM and flag arrays) is kept as mlx-lm's
 :class:`ArraysCache` with one row per conversation along axis 0; the codec's decode state
 (``nemotron_voicechat.nets.codec_step``), the noise sources (``noise.RowNoise``) and the encoder's
-context
-(:class:`EncoderCache`, for ``listen.fastconformer``) are caches of ours with the same protocol.
+context (:class:`EncoderCache`, for ``listen.fastconformer``) are caches of ours with the same
+protocol.
 
 State that grows with the conversation (attention keys / values) is :class:`RowCaches`: each
 row keeps its own mlx-lm cache, exactly as a conversation alone keeps it, and attention runs

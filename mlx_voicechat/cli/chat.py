@@ -7,8 +7,7 @@ arrays. Ctrl-C ends the conversation cleanly.
 
 With ``--mcp FILE`` the MCP servers of FILE are started, their tools are the model's, and a
 call the model makes runs on the MCP client's own thread (``nemotron_voicechat.runtime.mcp``) while
-the loop goes
-on; each result is queued with ``add_tool_result`` between frames, when it arrives.
+the loop goes on; each result is queued with ``add_tool_result`` between frames, when it arrives.
 """
 
 from __future__ import annotations
@@ -72,8 +71,7 @@ def chat_loop(
     the conversation.
 
     ``tools`` (a started ``nemotron_voicechat.runtime.mcp.MCPTools``) runs the calls the model makes
-    to its
-    tools; each outcome is queued into the session before the next block and handed to
+    to its tools; each outcome is queued into the session before the next block and handed to
     ``on_outcome``."""
     from ..audio.devices import DeviceError
 

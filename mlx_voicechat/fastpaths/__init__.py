@@ -6,8 +6,7 @@ path) with fewer operations: compiled between the caches, a recurrence instead o
 conv as matmuls. Each one computes the very same values in the same order, so its result is
 bit-identical to the anchor's on the CPU (MLX builds its CPU kernels without FMA on x86-64);
 ``tests/fastpaths/test_fastpaths.py`` runs every entry below against its anchor at the factory's
-medium
-scale, so that a change upstream fails a test instead of drifting.
+medium scale, so that a change upstream fails a test instead of drifting.
 
 Each entry has one switch (:func:`disabled` turns it off, for a test or to debug) and says when
 it applies; the code that takes it calls :func:`enabled` with its name. The compiled ones read
@@ -19,8 +18,7 @@ checked against, and pyproject.toml requires each from that release up to the ne
 (mlx ``>=0.32.4,<0.33``): a patch release of the series is taken to keep the module code the
 fast paths restate and mlx's CPU kernels, on which the bit-exact claims rest, and
 ``tests/fastpaths/test_fastpaths.py``, run against whatever is installed, is what catches one that
-does
-not. A new minor series is checked by that test first; then this table and the bounds move
+does not. A new minor series is checked by that test first; then this table and the bounds move
 together (the test holds the bounds to the table and the installed versions to the bounds).
 """
 

@@ -12,9 +12,10 @@ The BLAS sums each output in the same order either way, so outputs are bit-ident
 
 Pointwise convolutions marked with :func:`as_matrix` (multiplied as matrices,
 :mod:`.conv_products`) are stored the same way: the data ``[in, out]`` contiguous, the weight
-``[out, 1.., in]`` a view of it; the convolutions marked with ``conv_products.products`` become
-its ``ProductConv1d`` / ``ProductConv2d`` (fast path ``encoder.convs``). So are the RNNT prediction network's ``nn.LSTM`` weights
-(``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``).
+``[out, 1.., in]`` a view of it. So are the RNNT prediction network's ``nn.LSTM`` weights
+(``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``). The
+convolutions marked with ``conv_products.products`` become its ``ProductConv1d`` /
+``ProductConv2d`` (fast path ``encoder.convs``): the same parameters, called as products.
 
 Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
 layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and

@@ -174,8 +174,8 @@ def make_recognizer_checkpoint(
 ) -> Path:
     """Write a random-weight recognizer checkpoint and return its folder (see
     :func:`mlx_voicechat.nemotron_voicechat.weights.factory.make_checkpoint` for ``out_dir`` and
-    ``force``).
-    ``prompt=False`` leaves the language prompt out (Transformers: ``nemotron_asr_streaming``)."""
+    ``force``). ``prompt=False`` leaves the language prompt out (Transformers:
+    ``nemotron_asr_streaming``)."""
     from ..nemotron_voicechat.weights.factory import check_target
     from .network import RecognizerNetwork as Recognizer
 

@@ -5,9 +5,8 @@ The Transformers names are those of ``Nemotron3_5AsrForRNNT`` / ``NemotronAsrStr
 (the same correspondence mlx-audio's own ``sanitize`` uses for the English model, plus the
 prompt projector of 3.5). Renames are anchored on the key, every transpose is gated on the
 shape the model expects (:func:`mlx_voicechat.nemotron_voicechat.weights.sanitize.sanitize`), and
-the LSTM's two
-PyTorch biases are summed into MLX's one, so running :func:`sanitize_recognizer` on its own
-output changes nothing.
+the LSTM's two PyTorch biases are summed into MLX's one, so running :func:`sanitize_recognizer` on
+its own output changes nothing.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ this model adds to the VoiceChat encoder:
   projected back (``prompt_kernel``: Linear, ReLU, Linear).
 
 The end of a clip (``audio.mel.EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)``
-mel
-frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
+mel frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
 what mlx-audio's ``generate`` computes (that last frame is real and counted, nothing masked
 inside the subsampling), which differs from NeMo in the last chunk of some lengths.
 """

@@ -3,8 +3,7 @@
 :func:`mlx_voicechat.load` returns a :class:`Recognizer` for a recognizer checkpoint (either
 layout, see :mod:`mlx_voicechat.nemotron_asr.loading`): the parameter tree of
 :mod:`mlx_voicechat.nemotron_asr.network` plus the runtime methods, ``transcribe`` (one clip or a
-batch)
-and ``session`` (live transcription), from :mod:`mlx_voicechat.nemotron_voicechat.runtime`.
+batch) and ``session`` (live transcription), from :mod:`mlx_voicechat.nemotron_voicechat.runtime`.
 """
 
 from __future__ import annotations

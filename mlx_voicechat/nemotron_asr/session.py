@@ -2,9 +2,8 @@
 
 ``TranscriptionSession.feed`` runs every step whose input is complete, the same networks as
 offline (``nemotron_asr.transcribe``) on the same frames, so for any chunking of the input the
-tokens, their
-frames and the text equal the offline run (the encoder's left-context cache makes each chunk
-cost one chunk of work, whatever the stream's length):
+tokens, their frames and the text equal the offline run (the encoder's left-context cache makes each
+chunk cost one chunk of work, whatever the stream's length):
 
 - log-mel: mel frame ``j`` is final once the samples under its window are in (sample
   ``160 j + 198``), computed with the same pre-emphasis and STFT as offline when the chunk

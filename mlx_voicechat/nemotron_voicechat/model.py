@@ -3,8 +3,7 @@
 
 Parameter names are the checkpoint's key names (``stt_model.*``, ``tts_model.*``) in MLX
 layout; :mod:`mlx_voicechat.nemotron_voicechat.weights.sanitize` maps NeMo / PyTorch layouts onto
-them. The
-user-facing class, with the loader hooks and the runtime methods, is
+them. The user-facing class, with the loader hooks and the runtime methods, is
 :class:`mlx_voicechat.nemotron_voicechat.Model`; this module imports neither weights/ nor
 runtime/.
 """

@@ -1,7 +1,6 @@
 """The connection's side of the Realtime ``mcp`` tools (:mod:`.mcp_tools`): :class:`McpRunner`
 runs the protocol's jobs on a ``nemotron_voicechat.runtime.mcp.MCPClient`` (a thread and event loop
-of its own,
-never the MLX worker) and hands the outcomes back."""
+of its own, never the MLX worker) and hands the outcomes back."""
 
 from __future__ import annotations
 

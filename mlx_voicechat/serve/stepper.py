@@ -2,9 +2,8 @@
 
 Each conversation's audio is pushed into its session (a handle of one
 :class:`~mlx_voicechat.nemotron_voicechat.runtime.batch.SessionBatch`) by a job of its own, and the
-first push
-schedules a step; a step runs the frames that are in, the conversations that have one in one
-batched forward per frame. Pushes that queue up while a step runs (every live conversation
+first push schedules a step; a step runs the frames that are in, the conversations that have one in
+one batched forward per frame. Pushes that queue up while a step runs (every live conversation
 sends 80 ms of audio, or the clock's silence, about every 80 ms) are all run by the next step:
 a frame clock that ticks as fast as the model goes, so N conversations cost one batched frame,
 not N frames one after the other.

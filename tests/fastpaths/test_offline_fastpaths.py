@@ -1,6 +1,5 @@
 """Offline generation is a loop over the one frame step (``nemotron_voicechat.runtime.step``); its
-two registered
-fast paths (``fastpaths``: ``offline.encoder``, the whole-input encoder pass, and
+two registered fast paths (``fastpaths``: ``offline.encoder``, the whole-input encoder pass, and
 ``offline.codec``, the one-shot codec decode) against that loop with each part run per frame,
 as a session runs it."""
 

@@ -9,11 +9,10 @@ against mlx-audio's own ``nemotron_voicechat`` keeps working through the objects
   -> :class:`VoiceChatStreamingSession`, whose ``push_audio`` / ``flush`` / ``cancel`` return
   mlx-audio's :class:`VoiceChatEvent` lists. It is a view of one of our streaming
   :class:`~mlx_voicechat.nemotron_voicechat.runtime.session.Session` (``.session``): the same
-  per-frame step,
-  each :class:`~mlx_voicechat.nemotron_voicechat.runtime.events.FrameEvent` turned into mlx-audio's
-  events.
-  As in mlx-audio, every ``audio`` event carries one frame of speech (1764 samples); the
-  codec's last samples, which ``flush`` makes, are kept in ``tail`` (see docs/compat.md).
+  per-frame step, each :class:`~mlx_voicechat.nemotron_voicechat.runtime.events.FrameEvent` turned
+  into mlx-audio's events. As in mlx-audio, every ``audio`` event carries one frame of speech (1764
+  samples); the codec's last samples, which ``flush`` makes, are kept in ``tail`` (see
+  docs/compat.md).
 
 Where we differ from mlx-audio on purpose (see docs/compat.md): other input rates are
 resampled rather than refused, int16 PCM is scaled to [-1, 1), ``system_prompt=None`` is

@@ -12,8 +12,7 @@ batch, :meth:`FrameState.extract` / :meth:`FrameState.filter` split it again and
 conversation's (a single row).
 
 The one step that advances it is :func:`mlx_voicechat.nemotron_voicechat.runtime.step.step` (the
-speech over a
-prompt's positions, here, is that step's
+speech over a prompt's positions, here, is that step's
 :func:`~mlx_voicechat.nemotron_voicechat.runtime.step.speak`).
 """
 

@@ -2,9 +2,8 @@
 
 ``Session.feed`` turns whatever audio has arrived into the frames that are now final and runs
 the one frame step (``nemotron_voicechat.runtime.step``) on each, returning one :class:`FrameEvent`
-per frame:
-the ids, the deltas of the assistant's text, the function channel and the user's words, the
-turn marks and 1764 samples of speech. For any chunking of the input the events equal
+per frame: the ids, the deltas of the assistant's text, the function channel and the user's words,
+the turn marks and 1764 samples of speech. For any chunking of the input the events equal
 :func:`generate.generate` on the same samples (ids, codes and transcript identical; audio
 equal after the codec's fixed 6-sample delay).
 
@@ -37,9 +36,8 @@ from .handle import SessionHandle
 class Session(SessionHandle):
     """One conversation: see the module docstring. ``options``: those of
     :meth:`SessionBatch.open <mlx_voicechat.nemotron_voicechat.runtime.batch.SessionBatch.open>`
-    (``seed``,
-    ``noise``, ``prompt``, ``max_seconds``, ``tools``). Use it from one thread at a time (any
-    thread); two sessions of one model may run in two threads."""
+    (``seed``, ``noise``, ``prompt``, ``max_seconds``, ``tools``). Use it from one thread at a time
+    (any thread); two sessions of one model may run in two threads."""
 
     def __init__(self, model, system_prompt: Optional[str] = None, **options):
         self.model = model
