@@ -1,14 +1,7 @@
-"""Audio in and out for a live conversation: a microphone source and a speaker sink.
-
-The chat loop only sees the two small interfaces below, so it runs the same on real devices
-(python-sounddevice over PortAudio, the optional extra ``[mic]``) and on arrays (tests, files):
-
-- a source has ``sample_rate`` and ``read(n)``: the next ``n`` mono float32 samples, blocking
-  until they are there, or None when the input has ended;
-- a sink has ``sample_rate`` and ``write(samples)``: queue mono float32 samples to be played,
-  without waiting for them to play.
-
-Both have ``close()`` and work as context managers.
+"""Audio in and out for a live conversation: a source (``sample_rate``, ``read(n)`` blocking
+for ``n`` mono float32 samples, None at the end) and a sink (``sample_rate``, ``write`` that
+queues without waiting), on PortAudio devices (extra ``[mic]``) or arrays. Both have
+``close()`` and are context managers.
 """
 
 from __future__ import annotations

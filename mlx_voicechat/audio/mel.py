@@ -1,25 +1,10 @@
-"""The listening front-end of both models: NeMo's log-mel offline (:class:`LogMel`) and as
-samples arrive (:class:`MelStream`), and the stateful resampler in front of it (:class:`Resampler`).
+"""NeMo's log-mel front-end of both models, offline (:class:`LogMel`) and as samples arrive
+(:class:`MelStream`, the offline frames bit for bit), and the stateful :class:`Resampler`.
 
-VoiceChat's perception and Nemotron-3.5-ASR differ only in what :class:`LogMel` is given: the
-checkpoint's window and filterbank (``Preprocessor.frontend``), or a Hann window and
-Transformers' Slaney filterbank computed from the config (:func:`recognizer_mel`, with the banded
-product ``asr.mel``). NeMo's quirks are kept here, once: the STFT pads ``n_fft // 2`` zeros on
-each side, not reflect (errata 1); the valid mel length is ``floor(n / hop)``, one less than the
-centred STFT's frames, and frames past it hold the pad value (errata 2; ``edge="mlx-audio"``
-counts that last frame as mlx-audio does).
-
-Streaming gives the offline frames bit for bit:
-
-- mel frame ``j`` is computed once the samples under its window are all in. Its centred
-  512-sample frame is weighted by a 400-sample Hann window padded with zeros, so only samples
-  up to ``hop * j + window_end`` (160 j + 198) matter; the zero-weighted rest of the frame is
-  filled with zeros, which is what the weighting makes of any sample.
-- encoder frame ``k`` reads mel frames up to ``8 k`` (causal subsampling), so it is final once
-  ``1280 k + 199`` samples have arrived (:meth:`MelStream.samples_needed`); :meth:`MelStream.take`
-  hands out the mel frames its subsampling reads, ``PRE_ENCODE_CONTEXT`` frames back.
-- at the end (:meth:`MelStream.finish`) the frames whose windows reach past the last sample are
-  computed as offline: zeros past the end, the pad value past the valid length.
+NeMo's quirks, kept once: the STFT pads ``n_fft // 2`` zeros, not reflect (errata 1); the valid
+mel length is ``floor(n / hop)``, one less than the centred STFT's frames, the rest holding the
+pad value (errata 2; ``edge="mlx-audio"`` counts that frame). A mel frame is final once the
+samples its window weights are in; an encoder frame once its subsampling's last mel frame is.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""When the user starts and stops speaking: an energy detector with hysteresis on the incoming
-audio (pure numpy, any sample rate; the server runs it on the 16 kHz input as it arrives, off
-the worker, so it adds nothing to a frame and never waits on MLX).
+"""When the user starts and stops speaking: an energy detector with hysteresis (pure numpy, any
+rate; the server runs it off the worker, so it never waits on MLX).
 
-The audio is cut into 10 ms windows and each window's level is its RMS in dBFS (20 log10 of the
-RMS of samples in [-1, 1]). A noise floor follows the level: down at once, up by at most
-``floor_rise_db_per_s``. Speech starts after ``onset_ms`` of consecutive windows above the
-start threshold, ``max(start_db, floor + start_margin_db)``, and is dated at the first of them;
-it stops after ``hangover_ms`` of windows below the lower stop threshold, ``max(stop_db, floor +
-stop_margin_db)``, dated at the end of the last window above it. The absolute thresholds keep
-silence and low noise (-50 dBFS white noise is 10 dB under ``start_db``) from ever starting
-speech; the margins over the floor keep a steady noise from doing so in a loud room.
+Levels are 10 ms windows' RMS in dBFS, under a noise floor that falls at once and rises slowly.
+Speech starts after ``onset_ms`` above ``max(start_db, floor + start_margin_db)`` (dated at the
+first of those windows) and stops after ``hangover_ms`` below ``max(stop_db, floor +
+stop_margin_db)`` (dated at the end of the last loud one): the absolute thresholds keep quiet
+noise from starting speech, the margins a steady loud one.
 """
 
 from __future__ import annotations

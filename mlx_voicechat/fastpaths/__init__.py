@@ -1,25 +1,12 @@
-"""The fast paths: where a network runs something other than its anchor's code, in one place.
+"""The fast paths: where a network runs code of ours instead of its anchor's (an mlx-lm /
+mlx-audio block, or our own general path), listed in :data:`PATHS`.
 
-A live frame runs every network on one position. Some steps are therefore run by code of ours
-that computes what an anchor module computes (an mlx-lm / mlx-audio block, or our own general
-path) with fewer operations: compiled between the caches, a recurrence instead of a scan, a
-conv as matmuls. Each one computes the very same values in the same order, so its result is
-bit-identical to the anchor's on the CPU (MLX builds its CPU kernels without FMA on x86-64);
-``tests/fastpaths/test_fastpaths.py`` runs every entry below against its anchor at the factory's
-medium scale, so that a change upstream fails a test instead of drifting.
-
-Each entry has one switch (:func:`disabled` turns it off, for a test or to debug) and says when
-it applies; the code that takes it calls :func:`enabled` with its name. The compiled ones read
-their weights as constants of the trace and are rebuilt when the weights change (see
-:mod:`.derived`).
-
-Versions: :data:`CHECKED_AGAINST` names the mlx, mlx-lm and mlx-audio releases every entry was
-checked against, and pyproject.toml requires each from that release up to the next minor one
-(mlx ``>=0.32.4,<0.33``): a patch release of the series is taken to keep the module code the
-fast paths restate and mlx's CPU kernels, on which the bit-exact claims rest, and
-``tests/fastpaths/test_fastpaths.py``, run against whatever is installed, is what catches one that
-does not. A new minor series is checked by that test first; then this table and the bounds move
-together (the test holds the bounds to the table and the installed versions to the bounds).
+Each computes the anchor's values in the same order, so bit-identical on the CPU (MLX's x86-64
+CPU kernels have no FMA); ``tests/fastpaths/test_fastpaths.py`` checks each against its anchor.
+The code that takes one asks :func:`enabled`; :func:`disabled` turns them off (tests,
+debugging). Compiled ones hold their weights as trace constants, rebuilt when the weights change
+(:mod:`.derived`). :data:`CHECKED_AGAINST` is what they were checked against; pyproject.toml
+admits each one's minor series, and the test holds the bounds and the table together.
 """
 
 from __future__ import annotations

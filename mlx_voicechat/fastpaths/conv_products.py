@@ -1,23 +1,12 @@
 """The speech encoders' convolutions as matrix products and shifted sums (``encoder.convs``).
 
-MLX's CPU convolution computes each output as a sum over its window, one term at a time in
-window order, then adds the bias. These forms make the same sums in the same order with fewer,
-larger operations (bit-identical on the CPU, tested in ``tests/fastpaths/test_fastpaths.py``):
-
-* a pointwise conv (kernel 1, stride 1, one group): ``x @ W.T``, then the bias. BLAS sums each
-  output over the input channels in order. Weights marked with :func:`layout.as_matrix` are
-  stored column-major by ``layout.use_cpu_layout``, so the product is BLAS's plain case;
-* a 2-D conv with one input channel (the first subsampling conv): the windows gathered in
-  ``(kh, kw)`` order times ``W.T``, then the bias;
-* a depthwise 2-D conv (one channel per group): the sum of ``kh * kw`` strided slices, each times
-  its tap, in ``(kh, kw)`` order, then the bias.
-
-Any other conv, half-precision or quantized weights, and other devices run the layer itself.
-
-A network marks the convolutions that may run so with :func:`products`;
-``layout.use_cpu_layout`` (at load, on the CPU) makes them :class:`ProductConv1d` /
-:class:`ProductConv2d`: the same layer and parameters, whose call is :func:`conv`. The network's
-own code calls ``layer(x)`` either way.
+MLX's CPU convolution sums each output's window one term at a time in window order, then adds
+the bias; these forms make the same sums in the same order (bit-identical, tested): a pointwise
+conv as ``x @ W.T``, a one-input-channel 2-D conv as its windows times ``W.T``, a depthwise 2-D
+conv as a sum of strided slices times their taps. Anything else (other convs, half precision,
+quantized, other devices) runs the layer itself. A network marks its convs with
+:func:`products`; ``layout.use_cpu_layout`` makes them :class:`ProductConv1d` /
+:class:`ProductConv2d` (the same layer, called as :func:`conv`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The LLM's greedy heads: one id per frame from a ``[vocab, hidden]`` projection.
 
-On the CPU a 131072-row head is one long BLAS call on one core, and in a live frame nothing
-else is ready to run beside the text head (the speech waits for its id). :func:`greedy_id`
-with a ``split`` stream multiplies the first half of the rows on the current stream and the
-second half on ``split`` (the other core), then takes the argmax of the two joined. Each
-logit is the same dot product in the same order either way, so the id is bit-identical
-(tested), ties included: the argmax still sees every logit in row order.
-
-The halves are row slices of the parameters (a quantized head's scales and biases sliced
-alike): views, no copy, where the weight is row-major, as half-precision and quantized heads
-are. A float32 head on the CPU is stored column-major (``fastpaths.layout``), where a row slice is
-strided and would be copied at every call; :func:`should_split` leaves such a head whole (a
-second, row-split copy of its bytes would double its memory for little).
+On the CPU a big head is one BLAS call on one core, so :func:`greedy_id` can multiply the second
+half of its rows on another stream (fast path ``heads.split``); each logit is the same dot
+product either way, so the id is bit-identical, ties included. Only heads whose row slices are
+views are split (quantized or half precision, not a column-major float32 one).
 """
 
 from __future__ import annotations

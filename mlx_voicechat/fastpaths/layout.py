@@ -1,26 +1,12 @@
-"""Where the weights' bytes lie: float32 ``Linear`` weights column-major on the CPU.
+"""Float32 weights stored column-major on the CPU (:func:`use_cpu_layout`), so that ``x @ W.T``
+is BLAS's plain case, which the reference BLAS of the Linux ``mlx[cpu]`` wheel runs much faster
+than the transposed one (BENCHMARKS.md). The parameter keeps its shape, dtype and values (a
+transposed view of ``W.T`` made contiguous) and each output sums in the same order: bit-identical.
 
-MLX's CPU backend multiplies float32 matrices with ``cblas_sgemm``, and the BLAS that the Linux
-``mlx[cpu]`` wheel ships is the reference one. ``nn.Linear`` computes ``x @ W.T`` with ``W``
-stored row-major ``[out, in]``: the transposed case, which that BLAS runs markedly slower than
-the plain one (BENCHMARKS.md has the figures).
-
-:func:`use_cpu_layout` stores such a weight's data as ``W.T`` made contiguous and keeps ``W`` as
-its transposed view. The parameter keeps its shape, dtype and values, so saving, quantizing,
-converting and comparing parameters are unaffected; only ``x @ W.T`` becomes the plain case.
-The BLAS sums each output in the same order either way, so outputs are bit-identical (tested).
-
-Pointwise convolutions marked with :func:`as_matrix` (multiplied as matrices,
-:mod:`.conv_products`) are stored the same way: the data ``[in, out]`` contiguous, the weight
-``[out, 1.., in]`` a view of it. So are the RNNT prediction network's ``nn.LSTM`` weights
-(``Wx``, ``Wh``), whose layers become :class:`ColumnLSTM` (fast path ``rnnt.lstm_step``). The
-convolutions marked with ``conv_products.products`` become its ``ProductConv1d`` /
-``ProductConv2d`` (fast path ``encoder.convs``): the same parameters, called as products.
-
-Left alone: half-precision weights (MLX multiplies them without BLAS and the column-major
-layout is slower there), quantized layers (MLX's own kernels), anything on a GPU, and
-``Linear`` layers whose weight is read directly rather than multiplied (marked with
-:func:`keep_row_major`).
+Moved: ``Linear`` weights (but those marked :func:`keep_row_major`), pointwise convs marked
+:func:`as_matrix`, ``nn.LSTM`` weights (whose layers become :class:`ColumnLSTM`, fast path
+``rnnt.lstm_step``); convs marked ``conv_products.products`` become product convs
+(``encoder.convs``). Left alone: half precision, quantized layers, any GPU.
 """
 
 from __future__ import annotations

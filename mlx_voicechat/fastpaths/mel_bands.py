@@ -1,10 +1,6 @@
-"""The recognizer's mel filterbank product band by band on the CPU (fast path ``asr.mel``).
-
-Each group of ``MEL_GROUP`` mel bins is multiplied over only the span of FFT bins where its
-filterbank weights are nonzero. The filterbank is zero outside that span and the BLAS adds each
-output's terms in order, so the values are the whole product's bit for bit
-(``tests/fastpaths/test_fastpaths.py``), with most of the zeros left out.
-"""
+"""The recognizer's mel filterbank product band by band on the CPU (fast path ``asr.mel``): each
+group of mel bins is multiplied over only the FFT bins where its weights are nonzero, which the
+BLAS sums in the same order, so the whole product's bits (tested)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""What a live transcription session hands out: per-frame :class:`TranscriptEvent` s built
-from decoded (token, frame) pairs, the language once known, and the input checks; shared by
-the recognizer's session (:mod:`.asr_session`) and a VoiceChat RNNT head's
-(:mod:`.rnnt_transcription`)."""
+"""What a live transcription session hands out: per-frame :class:`TranscriptEvent` s from
+decoded (token, frame) pairs, for the recognizer's session and a VoiceChat RNNT head's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-import numpy as np
-
-from ..audio.stream import mono_float32
 from ..errors import VoiceChatError
 from .rnnt import LANGUAGE_TAG, SPECIAL_PIECES, WORD_BOUNDARY
 from .textstream import TranscriptStream
@@ -61,10 +56,6 @@ def piece_text(ids: Sequence[int], vocabulary: Sequence[str]) -> str:
     """The text of recognizer ids (see :class:`PieceText`)."""
     stream = PieceText(vocabulary)
     return "".join(stream.add(i) for i in ids)
-
-
-def _mono_float32(samples) -> np.ndarray:
-    return mono_float32(samples, TranscriptionError)
 
 
 class TranscriptEvents:

@@ -1,12 +1,7 @@
-"""Listening path, network 1 (its encoder): NeMo's causal FastConformer, chunked.
-
-The blocks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr``); this module adds what NeMo
-does differently (padded frames masked) and a chunked encoder: attention sees
-``att_context_size[0]`` frames to the left and none to the right and every convolution is
-causal, so running the layers chunk by chunk with a per-layer left-context cache gives the
-full-pass result while memory grows linearly with the input. A live stream runs it one frame
-at a time (:meth:`FastConformer.step_rows` for the rows of a batch).
-"""
+"""NeMo's causal FastConformer on mlx-audio's blocks, chunked: with left-only attention context
+and causal convolutions, running chunk by chunk on a per-layer left-context cache gives the
+full pass's result at linear memory. NeMo's padding masks are added; a live stream runs it a
+frame at a time (:meth:`FastConformer.step_rows`)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""The package's one greedy transducer decoder, for one row or many, on the device: the
-recognizer's, offline VoiceChat transcription's and, unrolled over one frame
-(``listen.rnnt.frame_greedy``), a live frame's.
+"""The package's one greedy RNN-T decoder (NeMo's ``GreedyRNNTInfer`` rule), for one row or many,
+on the device: the recognizer's and offline transcription's; a live frame unrolls the same step
+(``listen.rnnt.frame_greedy``).
 
-The rule (NeMo's ``GreedyRNNTInfer``, TensorRT Edge-LLM's and Transformers' greedy RN-T alike):
-the step (joint on the current frame and prediction, argmax) always runs; on a blank the frame
-cursor advances and the prediction network's new state is discarded; on a non-blank the token is
-emitted, the new state adopted and the cursor stays; after ``max_symbols`` non-blanks in a row
-at one frame the cursor advances without a step; decoding stops when the cursor passes the last
-frame. So a clip's steps are its tokens plus its blank steps, and ``steps + forced advances =
-tokens + frames``.
-
-One compiled call (:func:`build_step`, the analogue of the notes' CUDA graph) is
-``listen.rnnt.greedy_step`` over a window of frames from each row's cursor: it settles a run of
-blank steps and the token after it (the notes' steps, exactly). Every row has its own cursor,
-symbol count, prediction and LSTM state, on the device, and nothing is read per call. A *round*
-queues calls and reads them at once (one host read): per row and call, the blank steps taken and
-the token emitted (or -1); the host replays the cursor rule on them to place each token on its
-frame and count the steps. With reads to spare (a live session) a round is one call over the
-frames left, which ends at the first token or at the last frame pushed, so no call runs past a
-chunk's last token; otherwise (offline, or a session's last read) a round is sized to the frames
-left and the tokens expected, so a clip takes few reads.
-
-The decoder drives a ``net`` with ``decoder`` (a prediction network), ``joint``, ``start(batch)`` and
-``config.blank_id`` / ``config.max_symbols``: the recognizer's network is one; VoiceChat's RN-T
-head is wrapped by :func:`transducer`, and :func:`greedy_decode` decodes one utterance with it.
+Each compiled call (:func:`build_step`) settles a run of blank steps and the token after it for
+every row from its own cursor; a *round* queues calls and reads their codes at once (one host
+read), and the host replays the cursor rule on them (``steps + forced advances = tokens +
+frames``). ``net`` has ``decoder``, ``joint``, ``start(batch)`` and ``config.blank_id`` /
+``config.max_symbols``; VoiceChat's RN-T head is wrapped by :func:`transducer`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Listening path, network 1b: the RNNT transcript head and the greedy transducer step.
-
-The prediction and joint networks are mlx-audio's (``mlx_audio.stt.models.nemotron_asr.rnnt``).
-Every path decodes on the device with one function, :func:`greedy_step` (NeMo's
-``GreedyRNNTInfer`` rule for a batch, every row with its own cursor and prediction state, each
-step's prediction adopted only where it emitted): a live frame unrolls it to ``max_symbols``
-steps over its one encoder frame (:func:`frame_greedy`, the ``rnnt.frame`` fast path), so the
-frame's tokens come out with the frame and no host read is needed between symbols; everything
-else (the recognizer, offline transcription) queues calls over windows of frames and reads them
-in rounds (``listen.greedy``).
-"""
+"""The RNNT transcript head (mlx-audio's prediction and joint networks) and the one greedy
+transducer step, :func:`greedy_step`: a live frame unrolls it over its encoder frame
+(:func:`frame_greedy`, fast path ``rnnt.frame``), everything else runs it in rounds
+(``listen.greedy``)."""
 
 from __future__ import annotations
 

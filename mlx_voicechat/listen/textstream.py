@@ -1,10 +1,6 @@
-"""Incremental decoding of the per-frame channels: O(1) work per token.
-
-``TextStream`` decodes the assistant's text (or the function channel) one id at a time with
-the tokenizer's own streaming decoder (``tokenizers.decoders.DecodeStream``), dropping the
-ids offline decoding drops (pad, silence, BOS, EOS), so the concatenated deltas equal
-``generate.reply_text`` of the whole list. ``TranscriptStream`` does the same for the RNNT's
-SentencePiece pieces and ``rnnt.decode_pieces``.
+"""Incremental decoding of the per-frame channels, O(1) work per token: :class:`TextStream`
+(the tokenizer's streaming decoder; its deltas add up to ``generate.reply_text``) and
+:class:`TranscriptStream` (RNNT pieces; they add up to ``rnnt.decode_pieces``).
 """
 
 from __future__ import annotations

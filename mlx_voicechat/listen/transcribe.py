@@ -1,10 +1,5 @@
-"""Transcription: audio -> log-mel -> FastConformer -> greedy RNNT -> text, with phase timings.
-
-``transcribe`` takes the parts (perception, RNNT decoder and joint, vocabulary) so any model
-object can expose it; the CLI verb ``mlx-voicechat transcribe --model M --audio A
-[--benchmark]`` (:mod:`mlx_voicechat.cli.transcribe`) prints the text and, with
-``--benchmark``, the mel / encoder / decode milliseconds, the audio length and the real-time
-factor (:meth:`TranscriptTimings.report`), like TensorRT Edge-LLM's ASR runtime.
+"""Transcription of an utterance: audio -> log-mel -> FastConformer -> greedy RNNT -> text, with
+phase timings (``mlx-voicechat transcribe --benchmark``, :meth:`TranscriptTimings.report`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Configuration of NVIDIA's standalone streaming recognizer Nemotron-3.5-ASR
-(``nvidia/nemotron-3.5-asr-streaming-0.6b``): a cache-aware FastConformer, a language prompt
-fused into its frames, an LSTM prediction network and a joint (``spec/nemotron-asr-runtime-notes``).
-
-Two checkpoint layouts describe it, both detected from ``config.json``:
-
-* mlx-audio's (``model_type: "nemotron_asr"``, the mlx-community conversions): NeMo's sections
-  ``preprocessor`` / ``encoder`` / ``prompt`` / ``decoder`` / ``joint`` flattened, the
-  vocabulary inline, MLX tensor layouts;
-* NVIDIA's Transformers one (``model_type: "nemotron3_5_asr"``, or ``"nemotron_asr_streaming"``
-  for the English-only model without a prompt): an ``encoder_config``, the vocabulary in
-  ``tokenizer.json`` and the front-end, lookaheads and language prompts in
-  ``processor_config.json``, PyTorch tensor layouts.
-
-Defaults are the real 0.6b model's values, written once.
+"""Configuration of NVIDIA's streaming recognizer Nemotron-3.5-ASR (defaults: the real 0.6b
+model's), read from either layout's ``config.json``: mlx-audio's (``model_type:
+"nemotron_asr"``, NeMo's sections flattened, the vocabulary inline) or the Transformers one
+(``"nemotron3_5_asr"``, or ``"nemotron_asr_streaming"`` without a prompt; with
+``tokenizer.json`` and ``processor_config.json``).
 """
 
 from __future__ import annotations

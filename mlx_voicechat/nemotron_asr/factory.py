@@ -1,12 +1,6 @@
-"""Random-weight Nemotron-3.5-ASR checkpoints, in mlx-audio's layout or the Transformers one.
-
-For tests and benchmarks without the real 0.6b weights. Scales: ``tiny`` (tests), ``small``
-(benchmarks), ``full`` (the real dimensions). The structure is the real model's (128 mels,
-[56, 13] attention context with lookaheads 13 / 6 / 1 / 0, conv kernel 9, a 2-layer LSTM,
-language prompts with an ``auto`` slot, ``<xx-XX>`` tags in the vocabulary); widths, layer
-counts, vocabulary and prompt count shrink with the scale. The joint's blank bias is set so that
-about 85 steps in 100 are blank on noise, so random models emit tokens at a speech-like
-rate rather than ``max_symbols`` per frame. A checkpoint is a pure function of its arguments.
+"""Random-weight Nemotron-3.5-ASR checkpoints in either layout, for tests and benchmarks: scales
+``tiny`` / ``small`` / ``full`` with the real model's structure, the joint's blank bias set so
+that random models emit tokens at a speech-like rate. A pure function of its arguments.
 """
 
 from __future__ import annotations

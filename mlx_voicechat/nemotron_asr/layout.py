@@ -1,12 +1,6 @@
-"""Nemotron-3.5-ASR tensor layouts: NVIDIA's Transformers names and PyTorch shapes to the MLX
-parameter tree (mlx-audio's names, :mod:`mlx_voicechat.nemotron_asr.network`) and back.
-
-The Transformers names are those of ``Nemotron3_5AsrForRNNT`` / ``NemotronAsrStreamingForRNNT``
-(the same correspondence mlx-audio's own ``sanitize`` uses for the English model, plus the
-prompt projector of 3.5). Renames are anchored on the key, every transpose is gated on the
-shape the model expects (:func:`mlx_voicechat.nemotron_voicechat.weights.sanitize.sanitize`), and
-the LSTM's two PyTorch biases are summed into MLX's one, so running :func:`sanitize_recognizer` on
-its own output changes nothing.
+"""Nemotron-3.5-ASR's Transformers tensor layout (names, PyTorch shapes) to the MLX tree
+(mlx-audio's names) and back; idempotent: renames anchored on the key, transposes gated on the
+expected shape, the LSTM's two biases summed (``nemotron_voicechat.weights.sanitize``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Loading Nemotron-3.5-ASR from mlx-audio's layout or NVIDIA's Transformers layout.
-
-Both are detected from ``config.json``
-(:func:`mlx_voicechat.nemotron_asr.config.is_recognizer_config`).
-Loading is strict: a missing, unexpected or misshaped tensor is one error naming it. Weights
-may be float32, bfloat16 / float16 or quantized (mlx-audio's global ``quantization`` entry, the
-8-bit mlx-community conversion); nothing is fetched for a local folder.
+"""Loading Nemotron-3.5-ASR from mlx-audio's or NVIDIA's Transformers layout (detected from
+``config.json``), strictly: a missing, unexpected or misshaped tensor is one error naming it.
+Float32, half precision or quantized weights; nothing is fetched for a local folder.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Nemotron-3.5-ASR's networks: cache-aware FastConformer, language prompt, RNNT.
-
-The blocks are this package's (``listen.fastconformer.FastConformer``, ``listen.rnnt.RNNTDecoder`` /
-``RNNTJoint``), built on mlx-audio's ``nemotron_asr`` modules, so the parameter names are
-mlx-audio's (``encoder.*``, ``prompt_kernel.*``, ``decoder.prediction.*``, ``joint.*``). What
-this model adds to the VoiceChat encoder:
-
-* a lookahead: attention sees ``lookahead`` frames to the right, chunk by chunk
-  (``chunked_limited``, chunks of ``lookahead + 1`` frames), so a chunk's outputs become final
-  together, once its last frame's input is in;
-* lengths that mask: each clip's frames past its length are zeros at every subsampling stage
-  and masked as attention keys (NeMo's ``MaskedConvSequential`` and pad mask), so a clip's
-  frames never depend on its padding, in a batch or alone;
-* the language prompt: a one-hot of the prompt id concatenated to every encoder frame and
-  projected back (``prompt_kernel``: Linear, ReLU, Linear).
-
-The end of a clip (``audio.mel.EDGES``): ``"nemo"`` is NeMo's and Transformers' (``floor(n / 160)``
-mel frames, the centred STFT's last frame is padding, stage lengths from that); ``"mlx-audio"`` is
-what mlx-audio's ``generate`` computes (that last frame is real and counted, nothing masked
-inside the subsampling), which differs from NeMo in the last chunk of some lengths.
+"""Nemotron-3.5-ASR's networks on the shared blocks (``listen.fastconformer``, ``listen.rnnt``),
+with mlx-audio's parameter names (``encoder.*``, ``prompt_kernel.*``, ``decoder.prediction.*``,
+``joint.*``). Beyond VoiceChat's encoder it has a lookahead (chunks of ``lookahead + 1`` frames
+final together), NeMo's length masks (a clip's frames never depend on its padding) and the
+language prompt (a one-hot concatenated to every frame, projected back). The end of a clip:
+``audio.mel.EDGES``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The user-facing Nemotron-3.5-ASR model (``nvidia/nemotron-3.5-asr-streaming-0.6b``).
-
-:func:`mlx_voicechat.load` returns a :class:`Recognizer` for a recognizer checkpoint (either
-layout, see :mod:`mlx_voicechat.nemotron_asr.loading`): the parameter tree of
-:mod:`mlx_voicechat.nemotron_asr.network` plus the runtime methods, ``transcribe`` (one clip or a
-batch) and ``session`` (live transcription), from :mod:`mlx_voicechat.nemotron_voicechat.runtime`.
+"""The user-facing Nemotron-3.5-ASR model: :func:`mlx_voicechat.load` returns a
+:class:`Recognizer` (the network plus ``transcribe`` and ``session``) for a recognizer
+checkpoint of either layout.
 """
 
 from __future__ import annotations

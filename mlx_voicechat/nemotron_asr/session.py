@@ -1,28 +1,10 @@
 """Live transcription with Nemotron-3.5-ASR: samples in as they arrive, transcript out.
 
-``TranscriptionSession.feed`` runs every step whose input is complete, the same networks as
-offline (``nemotron_asr.transcribe``) on the same frames, so for any chunking of the input the
-tokens, their frames and the text equal the offline run (the encoder's left-context cache makes each
-chunk cost one chunk of work, whatever the stream's length):
-
-- log-mel: mel frame ``j`` is final once the samples under its window are in (sample
-  ``160 j + 198``), computed with the same pre-emphasis and STFT as offline when the chunk
-  that reads it is;
-- encoder: the attention looks ``lookahead`` frames ahead within chunks of ``lookahead + 1``
-  frames, so the frames of chunk ``c`` (``(L+1) c .. (L+1) c + L``) are final together, once
-  mel frame ``8 ((L+1) c + L)`` is: the ``feed`` that completes sample
-  ``1280 ((L+1) c + L) + 199``. With the real model's lookahead 13 that is 1.12 s chunks: the
-  first frame of a chunk comes out 15559 samples (972 ms) after its own 80 ms slot ends, the
-  last one 1081 samples before; with lookahead 0 every frame comes out 1081 samples before its
-  slot ends, as VoiceChat's do;
-- encoding: a steady chunk's subsampling, layers and joint projection are one compiled call
-  (``RecognizerNetwork.encode_chunk``);
-- decoding: rounds of the greedy loop over the chunk's frames, one read each
-  (``listen.greedy``): the joint's labels over the frames left, so a chunk takes one read
-  and one more per token in it. A session reads at most once per 1280 samples it has been fed
-  (one read per 80 ms frame); on its last read a round runs several calls, and a burst of
-  tokens beyond that waits for the next frames' reads (``finish`` reads what is left).
-- the end of input (``finish``): the last frames as the offline pass computes them.
+``feed`` runs every step whose input is complete on the same networks and frames as offline
+(``nemotron_asr.transcribe``), so any chunking gives the offline tokens, frames and text. The
+encoder's frames become final a chunk of ``lookahead + 1`` at a time (a steady chunk is one
+compiled call, ``encode_chunk``); decoding reads at most once per encoder frame's worth of
+samples fed, and ``finish`` reads what is left.
 """
 
 from __future__ import annotations

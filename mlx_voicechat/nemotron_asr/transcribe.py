@@ -1,10 +1,6 @@
-"""Offline transcription with Nemotron-3.5-ASR: one clip, or many in one batched run.
-
-audio -> log-mel -> FastConformer (+ language prompt) -> greedy transducer -> text. Many
-clips run as the rows of one batch: the mel and encoder with each row's lengths masking its
-padding (``nemotron_asr.network``), the decoder with a frame cursor per row (``listen.greedy``), so
-each clip's tokens are those of its solo run. Phase timings are measured around one
-evaluation each (``--benchmark``), like TensorRT Edge-LLM's runtime.
+"""Offline transcription with Nemotron-3.5-ASR: one clip, or many as the rows of one batch
+(each row's lengths mask its padding, each has its own decoder cursor, so a clip's tokens are
+those of its solo run), with phase timings (``--benchmark``).
 """
 
 from __future__ import annotations
