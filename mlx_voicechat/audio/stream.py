@@ -13,14 +13,6 @@ from ..errors import SessionError, is_int
 from .mel import MelStream, Resampler
 
 
-def as_samples(samples, sample_rate, error: type = SessionError) -> np.ndarray:
-    """Mono audio (int or float PCM) as float32, or one ``error`` naming what is wrong."""
-    if sample_rate is not None:
-        if not is_int(sample_rate) or sample_rate <= 0:
-            raise error(f"sample_rate must be a positive integer, got {sample_rate!r}")
-    return mono_float32(samples, error)
-
-
 def mono_float32(samples, error: type = SessionError) -> np.ndarray:
     """Mono samples (int PCM scaled to [-1, 1], or float) as a 1-D float32 array; what is
     wrong with them (not numbers, not mono, not finite) is one ``error``."""
@@ -59,7 +51,9 @@ class AudioIn:
 
     def push(self, samples, sample_rate: Optional[int] = None) -> None:
         """Check, resample and add samples."""
-        x = as_samples(samples, sample_rate, self.error)
+        if sample_rate is not None and (not is_int(sample_rate) or sample_rate <= 0):
+            raise self.error(f"sample_rate must be a positive integer, got {sample_rate!r}")
+        x = mono_float32(samples, self.error)
         if sample_rate is not None and int(sample_rate) != self.rate and x.size:
             source = int(sample_rate)
             if source not in self._resamplers:

@@ -60,14 +60,15 @@ def blas_in_effect() -> Dict[str, Optional[str]]:
     glob = _global_sgemm()
     wheel = next((p for p in mapped if "mlx_cpu.libs" in p or "/mlx/" in p), None)
     if glob is not None:
-        kind = "OpenBLAS" if "openblas" in os.path.basename(glob).lower() else "a BLAS loaded globally"
-        how = " (loaded by MLX_VOICECHAT_BLAS)" if loaded == glob else ""
-        return {"blas": kind + how, "library": glob, "requested": requested, "mapped": mapped}
-    if wheel is not None:
-        return {"blas": "the mlx[cpu] wheel's own reference BLAS", "library": wheel,
-                "requested": requested, "mapped": mapped}
-    return {"blas": "unknown (MLX's CPU backend not loaded)", "library": None, "requested": requested,
-            "mapped": mapped}
+        openblas = "openblas" in os.path.basename(glob).lower()
+        blas, library = "OpenBLAS" if openblas else "a BLAS loaded globally", glob
+        if loaded == glob:
+            blas += " (loaded by MLX_VOICECHAT_BLAS)"
+    elif wheel is not None:
+        blas, library = "the mlx[cpu] wheel's own reference BLAS", wheel
+    else:
+        blas, library = "unknown (MLX's CPU backend not loaded)", None
+    return {"blas": blas, "library": library, "requested": requested, "mapped": mapped}
 
 
 def system_info() -> Dict[str, object]:

@@ -36,9 +36,7 @@ class TextStream:
 
     def add(self, token_id: int) -> str:
         """The text this id adds (may be "" while a multi-byte character is incomplete)."""
-        if token_id in self.drop:
-            return ""
-        if self.tokenizer is None:
+        if token_id in self.drop or self.tokenizer is None:
             return ""
         if self._stream is not None:
             text = self._stream.step(self._backend, int(token_id))

@@ -5,6 +5,7 @@ that random models emit tokens at a speech-like rate. A pure function of its arg
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -60,11 +61,9 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
     for i, lang in enumerate(_LANGUAGES[: max(n_prompts - 1, 0)]):
         dictionary[lang] = i
         dictionary[lang.split("-")[0]] = i
-    auto = 101 if n_prompts > 101 else n_prompts - 1
+    auto = max(min(101, n_prompts - 1), 0)  # the real model's slot, or the last one
     if n_prompts:
         dictionary["auto"] = auto
-    else:
-        auto, dictionary = 0, {}
     return ASRConfig(
         preprocessor=PreprocessorConfig(),
         encoder=EncoderConfig(
@@ -149,8 +148,6 @@ def _tokenizer_json(vocabulary: List[str], blank: int) -> Dict:
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     tok.add_special_tokens(["<blank>"])
-    import json
-
     return json.loads(tok.to_str())
 
 

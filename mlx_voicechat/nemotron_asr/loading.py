@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..errors import CheckpointError
 from ..fastpaths.layout import use_cpu_layout
@@ -54,8 +55,6 @@ def zero_biases(model, config: ASRConfig, weights: Mapping[str, mx.array]) -> Di
     """Zeros for the encoder biases of the groups ``config.zero_biases`` names that
     ``weights`` does not hold: Transformers builds that group without a bias, and a zero bias
     is the same function (the network has one bias switch for both groups)."""
-    from mlx.utils import tree_flatten
-
     out = {}
     for group in config.zero_biases:
         pattern = _BIAS_GROUPS[group]
@@ -75,8 +74,6 @@ def load_recognizer(
     """The recognizer in ``folder`` (a local checkpoint folder of either layout), built as
     ``model_class`` (default: the parameter tree, ``nemotron_asr.network.RecognizerNetwork``;
     :func:`mlx_voicechat.load` passes the user-facing ``Recognizer``)."""
-    from mlx.utils import tree_flatten
-
     if model_class is None:
         from .network import RecognizerNetwork as model_class
     folder = Path(folder)

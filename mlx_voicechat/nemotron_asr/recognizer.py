@@ -42,11 +42,10 @@ class Recognizer(RecognizerNetwork):
                     "leave out language and prompt_id"
                 )
             return 0, None
-        if prompt_id is not None:
-            if not is_int(prompt_id) or not 0 <= prompt_id < p.num_prompts:
-                raise RecognizerError(
-                    f"prompt_id must be an integer in [0, {p.num_prompts}), got {prompt_id!r}"
-                )
+        if prompt_id is not None and (not is_int(prompt_id) or not 0 <= prompt_id < p.num_prompts):
+            raise RecognizerError(
+                f"prompt_id must be an integer in [0, {p.num_prompts}), got {prompt_id!r}"
+            )
         if language is not None:
             if language not in p.prompt_dictionary:
                 known = sorted(k for k in p.prompt_dictionary if "-" in k or k == AUTO)
@@ -63,13 +62,9 @@ class Recognizer(RecognizerNetwork):
             prompt_id = lid
         if prompt_id is None:
             prompt_id = p.default_prompt_id
-        auto = p.prompt_dictionary.get(AUTO, p.default_prompt_id)
-        name = (
-            None
-            if prompt_id == auto
-            else (language if language not in (None, AUTO) else p.name_of(prompt_id))
-        )
-        return prompt_id, name
+        if prompt_id == p.prompt_dictionary.get(AUTO, p.default_prompt_id):
+            return prompt_id, None  # automatic detection
+        return prompt_id, language if language not in (None, AUTO) else p.name_of(prompt_id)
 
     # --- runtime -------------------------------------------------------------------------------
 

@@ -110,11 +110,9 @@ def transcribe(
         tokens=sum(len(r.tokens) for r in rows),
         clips=B,
     )
-    out = []
-    for clip, n, r in zip(clips, frames, rows):
-        text = piece_text(r.tokens, vocab)
-        res = RecognizerResult(
-            text,
+    return [
+        RecognizerResult(
+            piece_text(r.tokens, vocab),
             list(r.tokens),
             list(r.frames),
             first_language(r.tokens, vocab) or language,
@@ -125,5 +123,5 @@ def transcribe(
             prompt_id=prompt_id if model.has_prompt else None,
             pieces=[vocab[t] for t in r.tokens if 0 <= t < len(vocab)],
         )
-        out.append(res)
-    return out
+        for n, r in zip(frames, rows)
+    ]
