@@ -20,12 +20,10 @@ from ..errors import SessionError
 from ..fastpaths.mel_bands import BandedLog
 
 EDGES = ("nemo", "mlx-audio")
-# Encoder frames of left context fed to the subsampling convs of a chunk: their causal
-# receptive field reaches 2 frames back (each stride-2 stage looks 2 inputs to the left:
-# 2 + 4 + 8 = 14 mel frames for 3 stages, under 2 x 8), and each output is computed from its
-# window alone, so 2 give the full pass's bits (tested) with the least work per stream frame.
+# Encoder frames of left context fed to a chunk's subsampling: its causal receptive field
+# (2 + 4 + 8 mel frames for 3 stride-2 stages) is under 2 frames, so 2 give the full pass's bits.
 PRE_ENCODE_CONTEXT = 2
-# Mel frames per STFT block, so the framed signal of a long input is never whole (40.96 s).
+# Mel frames per STFT block, so the framed signal of a long input is never whole.
 MEL_BLOCK_FRAMES = 4096
 
 
@@ -44,11 +42,9 @@ def check_preprocessor(cfg: PreprocessorConfig) -> PreprocessorConfig:
 
 
 def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
-    """Slaney-scale, Slaney-normalized triangular mel filters [n_fft // 2 + 1, n_mels] from
-    0 Hz to Nyquist, float32 as Transformers' feature extractor holds them: the triangles in
-    float64, rounded to float32, then scaled by each filter's ``2 / width`` (bit for bit its
-    ``mel_filter_bank``; mlx-audio's differs in the last bits, which decide a bfloat16
-    rounding now and then)."""
+    """Slaney mel filters [n_fft // 2 + 1, n_mels], 0 Hz to Nyquist, bit for bit Transformers'
+    ``mel_filter_bank`` (float64 triangles rounded to float32, then scaled by ``2 / width``;
+    mlx-audio's differ in the last bits, which can flip a bfloat16 rounding)."""
     log_step = math.log(6.4) / 27.0
 
     def to_mel(hz):
@@ -71,10 +67,9 @@ def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
 
 
 class LogMel:
-    """NeMo's log-mel (pre-emphasis, zero-padded centred STFT, ``|X| ** mag_power``, mel
-    filterbank, natural log, no normalization) on a float32 ``window`` [win_length] and
-    filterbank ``fb`` [n_fft // 2 + 1, n_mels]; ``banded``: the product band by band on the
-    CPU (``fastpaths.mel_bands``, for a filterbank that never changes)."""
+    """NeMo's log-mel on a float32 ``window`` [win_length] and filterbank ``fb``
+    [n_fft // 2 + 1, n_mels]; ``banded``: the product by ``fastpaths.mel_bands`` (for a
+    filterbank that never changes)."""
 
     def __init__(self, cfg: PreprocessorConfig, window: mx.array, fb: mx.array, banded=False):
         self.cfg = check_preprocessor(cfg)
@@ -130,9 +125,8 @@ class LogMel:
 
 
 def recognizer_mel(config) -> LogMel:
-    """Nemotron-3.5-ASR's log-mel: a Hann window (mlx-audio's) and Slaney filterbank
-    (Transformers', :func:`slaney_mel_filters`) computed from the config (the checkpoints carry
-    neither), both rounded to ``mel_filters_dtype`` first as Transformers does; banded."""
+    """Nemotron-3.5-ASR's log-mel: a Hann window and :func:`slaney_mel_filters` from the config
+    (the checkpoints carry neither), rounded to ``mel_filters_dtype`` as Transformers does."""
     from mlx_audio.dsp import hanning
 
     pre, low = config.preprocessor, getattr(mx, config.mel_filters_dtype)
@@ -144,10 +138,9 @@ def recognizer_mel(config) -> LogMel:
 
 
 class MelStream:
-    """The log-mel of a stream as its samples arrive, and the mel frames each encoder frame's
-    subsampling reads, for a network with a ``frontend`` (:class:`LogMel`) and an ``encoder``.
-    ``eager``: each push computes the mel frames it makes final; otherwise :meth:`compute`
-    does, when the caller needs them (the recognizer: once per chunk)."""
+    """The log-mel of a stream as samples arrive (the offline frames bit for bit), and the mel
+    frames each encoder frame's subsampling reads, for a net with a ``frontend`` and an
+    ``encoder``. ``eager``: each push computes its final frames; else :meth:`compute` does."""
 
     def __init__(self, net, eager: bool = True):
         self.context = PRE_ENCODE_CONTEXT
@@ -156,8 +149,7 @@ class MelStream:
         mx.eval(self.mel.window, self.mel.fb)  # now: any thread may feed the stream
         window = np.array(self.mel.window)
         nonzero = np.flatnonzero(window)
-        # The last sample a mel frame's window weights, relative to its centre (hop * j): 198
-        # for NeMo's 400-sample Hann in 512.
+        # The last sample a mel frame's window weights, relative to its centre (hop * j).
         self.window_end = (self.n_fft - window.shape[0]) // 2 + int(nonzero[-1]) - self.n_fft // 2
         self.factor = 2**self.encoder.pre_encode.sampling_num
         self.reset()
@@ -181,12 +173,12 @@ class MelStream:
         return 0 if n <= self.window_end else (n - 1 - self.window_end) // self.hop + 1
 
     def frames_final(self, n: int) -> int:
-        """Encoder frames final once ``n`` samples have arrived (frame k: mel frame 8 k)."""
+        """Encoder frames final once ``n`` samples have arrived."""
         m = self.mel_frames_final(n)
         return 0 if m == 0 else (m - 1) // self.factor + 1
 
     def samples_needed(self, k: int) -> int:
-        """Samples that must have arrived for encoder frame ``k`` (1280 k + 199)."""
+        """Samples that must have arrived for encoder frame ``k``."""
         return self.hop * self.factor * k + self.window_end + 1
 
     @property
@@ -202,8 +194,7 @@ class MelStream:
             raise SessionError("the input has ended")
         if len(samples):
             x = np.asarray(samples, dtype=np.float32)
-            # On the host in float32: the same two IEEE operations per sample as offline (a
-            # float32 product, then a float32 difference), so the same bits.
+            # On the host in float32: offline's two IEEE operations per sample, so its bits.
             y = x
             if self.preemph:
                 prev = x[:1] if self._last_raw is None else self._last_raw
@@ -239,9 +230,7 @@ class MelStream:
         self.mel_frames += rows.shape[0]
 
     def finish(self, edge: str = "nemo") -> int:
-        """End of input: the mel frames as offline (zeros past the last sample, the pad value
-        past the valid length); every encoder frame of the valid length final. Returns the
-        valid length."""
+        """End of input: the last mel frames as offline; returns the valid length."""
         n = self.received
         valid = self.mel.valid_frames(n, edge)
         self.compute(valid)
@@ -257,9 +246,9 @@ class MelStream:
     # -- output ----------------------------------------------------------------------------
 
     def take(self, k1: int):
-        """The mel frames [m, n_mels] the subsampling of encoder frames ``frames`` to ``k1``
-        reads, from ``PRE_ENCODE_CONTEXT`` frames before, and the first one's index in that
-        window's subsampled output (hands the frames out)."""
+        """Hands out encoder frames ``frames`` to ``k1``: (the mel frames [m, n_mels] their
+        subsampling reads, from ``PRE_ENCODE_CONTEXT`` frames before; the first one's index
+        in that window's output)."""
         k0 = self.frames
         s = max(k0 - self.context, 0)
         m0, m1 = s * self.factor, min((k1 - 1) * self.factor + 1, self.mel_frames)

@@ -70,9 +70,8 @@ PATHS: Dict[str, FastPath] = {
         ),
         FastPath(
             "encoder.convs",
-            "the speech encoders' convolutions as products: pointwise ones as x @ W.T on "
-            "column-major weights, the first subsampling conv as its windows times W.T, the "
-            "depthwise subsampling convs as sums of strided slices (fastpaths.conv_products)",
+            "the speech encoders' convolutions as matrix products and sums of strided slices "
+            "(fastpaths.conv_products)",
             "mlx.nn.Conv1d / Conv2d (mlx-audio's subsampling and conformer convolution)",
             "float32 weights on the CPU",
         ),
@@ -106,8 +105,8 @@ PATHS: Dict[str, FastPath] = {
         ),
         FastPath(
             "rnnt.lstm_step",
-            "the prediction network's LSTM layers as fastpaths.layout.ColumnLSTM: the weights "
-            "column-major (BLAS's plain case), each product computed before its term is added",
+            "the prediction network's LSTM layers on column-major weights "
+            "(fastpaths.layout.ColumnLSTM)",
             "mlx.nn.LSTM (the layers of mlx_audio.stt.models.nemotron_asr.rnnt.LSTM)",
             "float32 weights on the CPU, from load (fastpaths.layout.use_cpu_layout)",
         ),
@@ -122,8 +121,7 @@ PATHS: Dict[str, FastPath] = {
             "offline.encoder",
             "offline generation's listening as one encoder pass over the whole input (with its "
             "trailing silence), each frame's rows handed to the frame step, and the RNNT's "
-            "greedy symbols of its output after the loop (listen.greedy.greedy_decode: a run of "
-            "blanks costs one call, where the frame step's decoder runs max_symbols steps a frame)",
+            "symbols decoded after the loop (listen.greedy.greedy_decode)",
             "the frame step's listening: each frame's mel window on the encoder's context and "
             "its RNNT symbols",
             "runtime.generate, always",
@@ -156,9 +154,8 @@ def enabled(name: str) -> bool:
 
 @contextlib.contextmanager
 def disabled(*names: str, all_threads: bool = True) -> Iterator[None]:
-    """Turn fast paths off inside the block (every one when no name is given): for tests that
-    compare a fast path with its anchor, and for debugging. ``all_threads=False`` turns them
-    off for the calling thread only."""
+    """Turn fast paths off inside the block (all when no name is given);
+    ``all_threads=False``: for the calling thread only."""
     names = tuple(names) or tuple(PATHS)
     for n in names:
         if n not in PATHS:

@@ -46,8 +46,7 @@ def rows(linear: nn.Module) -> int:
 
 
 def should_split(linear: nn.Module) -> bool:
-    """Whether :func:`greedy_id` gains from splitting ``linear`` here: on the CPU, big heads
-    whose row halves are views (quantized or half precision; see the module docstring)."""
+    """Whether :func:`greedy_id` gains from splitting ``linear`` here (see the module)."""
     if not fastpaths.enabled("heads.split") or not on_cpu() or rows(linear) < SPLIT_MIN_ROWS:
         return False
     return isinstance(linear, nn.QuantizedLinear) or linear.weight.dtype != mx.float32

@@ -46,14 +46,9 @@ def _pointwise_view(w: mx.array):
 
 
 class ColumnLSTM(nn.LSTM):
-    """``nn.LSTM`` on column-major weights, as :func:`use_cpu_layout` leaves a float32 one.
-
-    ``nn.LSTM`` computes ``addmm(bias, x, Wx.T)`` and ``addmm(ifgo, h, Wh.T)``. With ``W``
-    row-major that is BLAS's transposed case, which sums each product and then adds the other
-    term; on column-major data it is the plain case, which starts from the term and adds the
-    product's terms to it: other bits. So the product comes first here, then the term, as
-    the transposed case adds them, and the values are ``nn.LSTM``'s on the row-major weights,
-    bit for bit (``tests/fastpaths/test_fastpaths.py``). Other dtypes and devices: ``nn.LSTM``."""
+    """``nn.LSTM`` on column-major float32 weights. Its ``addmm`` would, in BLAS's plain case,
+    add the product's terms to the bias (other bits than the transposed case), so each product
+    is computed first and then added: ``nn.LSTM``'s bits on row-major weights (tested)."""
 
     def __call__(self, x, hidden=None, cell=None):
         if self.Wx.dtype != mx.float32 or not on_cpu():  # set_dtype or a device since load
@@ -88,12 +83,8 @@ def _move(module: nn.Module, name: str) -> int:
 
 
 def use_cpu_layout(model: nn.Module) -> int:
-    """Store the float32 ``Linear`` weights of ``model`` column-major when MLX runs on the CPU
-    (and the pointwise convolutions marked with :func:`as_matrix`, and ``nn.LSTM`` weights), and
-    turn the convolutions marked with ``conv_products.products`` into product convolutions.
-
-    One tensor at a time (the extra memory is one weight), once per model; returns how many
-    weights were moved. Does nothing on a GPU or when already done."""
+    """Move ``model``'s weights as the module docstring says, on the CPU, once per model, one
+    tensor at a time (the extra memory is one weight); returns how many were moved."""
     if getattr(model, _FLAG, False) or not on_cpu():
         return 0
     moved = 0

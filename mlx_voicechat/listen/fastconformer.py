@@ -92,18 +92,13 @@ class Subsampling(CausalDwStridingSubsampling):
 
 
 class ContextAttention(RelPositionMultiHeadAttention):
-    """Rel-pos attention whose keys / values may start with cached left-context frames.
-
-    Keys and values of a frame do not depend on where it sits (the position enters through
-    ``linear_pos``), so the left context's are cached as projected (``LayerCache.keys`` /
-    ``values``) and each call projects only its own frames."""
+    """Rel-pos attention whose keys / values may start with cached left-context frames (cached
+    as projected: a frame's keys do not depend on its position, which enters by ``linear_pos``)."""
 
     def positions(self, pos_emb: mx.array) -> mx.array:
-        """``linear_pos(pos_emb)`` per head as the right operand of the position scores,
-        ``[B, heads, head_dim, 2 T - 1]`` and contiguous (the layout the matmul would copy it
-        to at every call), kept for the last length: once the left context is full, every
-        frame of a stream has the same relative positions, so their projection is done once
-        (one per thread: arrays left lazy belong to the thread that made them)."""
+        """``linear_pos(pos_emb)`` per head, ``[B, heads, head_dim, 2 T - 1]`` contiguous,
+        memoized for the last length (a full context's frames share it), per thread (lazy
+        arrays belong to the thread that made them)."""
 
         def build():
             B, P, _ = pos_emb.shape
@@ -117,8 +112,7 @@ class ContextAttention(RelPositionMultiHeadAttention):
         return mine.value
 
     def __call__(self, x, pos, mask=None, cache_kv=None, valid=None):
-        """``pos`` is the projected positional embedding (:meth:`positions`): the caller
-        projects it, so that a compiled step can take the memoized projection as an input."""
+        """``pos``: :meth:`positions`, projected by the caller (a compiled step's input)."""
         B, Tq, _ = x.shape
         H, d = self.n_head, self.head_dim
         q = self.linear_q(x).reshape(B, Tq, H, d)
@@ -202,14 +196,9 @@ def context_mask(q_start: int, q_len: int, k_start: int, k_len: int, left: int, 
 
 
 class FastConformer(nn.Module):
-    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention).
-
-    One encoder for both models: :meth:`step` (any frames on a cache; with lengths, padding
-    masked), one compiled steady call (:meth:`steady_layers`: one frame of a VoiceChat stream,
-    a chunk of ``lookahead + 1`` frames of a recognizer stream) and one chunked offline pass
-    (:meth:`encode`). VoiceChat's perception runs the subsampling unmasked and unscaled, as
-    its NeMo checkpoints do; the recognizer (``nemotron_asr.network.RecognizerEncoder``) sets
-    ``masked_input``."""
+    """NeMo ``ConformerEncoder`` (causal dw-striding, rel-pos, chunked-limited attention) for
+    both models: :meth:`step` on a cache, a compiled steady call (:meth:`steady_layers`) and
+    the chunked offline pass (:meth:`encode`). The recognizer sets ``masked_input``."""
 
     # NeMo's masks inside the subsampling, and xscaling when the config asks (the recognizer).
     masked_input = False
@@ -245,11 +234,9 @@ class FastConformer(nn.Module):
         return self.pre_encode.output_lengths(mel_len)
 
     def subsample(self, mel: mx.array, start: int = 0, mel_len: Optional[mx.array] = None):
-        """The subsampling convs over ``mel`` [B, T, n_mels] (its first row mel frame
-        ``start``, a multiple of the factor): output frame ``j`` is encoder frame
-        ``start / factor + j``; those reading before the window's start are not valid. With
-        ``masked_input``: zeros past ``mel_len`` at every stage, and NeMo's xscaling
-        (Transformers' ``scale_input``, the frames times sqrt(d_model)) when configured."""
+        """The subsampling of ``mel`` [B, T, n_mels] from mel frame ``start`` (a multiple of
+        the factor; outputs reading before it are not valid). With ``masked_input``: zeros
+        past ``mel_len`` at every stage, then NeMo's xscaling when configured."""
         sub = self.pre_encode
         x, _ = sub(mel.astype(sub.out.weight.dtype), mel_len, start, self.masked_input)
         if self.masked_input and self.cfg.xscaling:
@@ -270,10 +257,9 @@ class FastConformer(nn.Module):
         return x, new
 
     def step(self, x: mx.array, cache: EncoderCache, lengths: Optional[mx.array] = None):
-        """Run the layers over subsampled frames ``x`` [B, T, D] that follow ``cache.offset``
-        frames already seen; returns the output and the advanced cache. With ``lengths`` [B],
-        frames at or past a row's length are padding: masked as keys (so no row attends to
-        its padding through a lookahead) and zeroed where NeMo zeroes them."""
+        """The layers over subsampled frames ``x`` [B, T, D] after ``cache.offset`` -> (out,
+        advanced cache). With ``lengths`` [B], frames past a row's length are masked as keys
+        and zeroed where NeMo zeroes them."""
         if self.steady(x.shape[1], cache, lengths):
             y, (cache,) = self._frame(x, [cache])
             return y, cache
@@ -296,11 +282,9 @@ class FastConformer(nn.Module):
     # --- a steady call of a stream ---------------------------------------------------------
 
     def steady(self, frames: int, cache: EncoderCache, lengths=None) -> bool:
-        """``frames`` frames within one attention chunk, no padding, every layer's left
-        context full: from such a call to the next at the same phase of the chunk every shape
-        in :meth:`step` (and its mask) is the same, so it can run compiled (the fast path
-        ``steady_path``: a VoiceChat frame, on the CPU only, where the compiled bits are
-        tested against the op-by-op ones; a recognizer chunk)."""
+        """Whether a call of ``frames`` frames can run compiled (fast path ``steady_path``):
+        within one attention chunk, no padding, every left context full, so every shape and
+        the mask depend only on the phase in the chunk."""
         left, size = self.left_context, self.attention_chunk
         if lengths is not None or not left or not fastpaths.enabled(self.steady_path):
             return False
@@ -309,10 +293,8 @@ class FastConformer(nn.Module):
         return all(c.context == left and c.conv is not None for c in cache.layers)
 
     def steady_layers(self, x: mx.array, arrays, phase: int):
-        """:meth:`step`'s layers on a steady call of ``x`` [B, T, D] at ``phase`` of the chunk
-        on ``arrays`` (each layer's positions, then its keys, values, conv) -> ``(out, *new
-        cache arrays)``, the same operations in the same order; the mask, which depends on
-        the offset only through the phase, a constant of the trace."""
+        """:meth:`step`'s operations on a steady call at ``phase`` of the chunk: ``arrays``
+        (each layer's positions, then its keys, values, conv) -> ``(out, *new cache arrays)``."""
         left, right = self.cfg.att_context_size
         ctx, n, T = self.left_context, len(self.layers), x.shape[1]
         q0 = phase + self.attention_chunk * ctx  # an offset at this phase, ctx frames in
@@ -322,10 +304,8 @@ class FastConformer(nn.Module):
         return (x, *[a for c in new for a in (c.keys, c.values, c.conv)])
 
     def _frame(self, x: mx.array, caches: Sequence[EncoderCache]):
-        """:meth:`step` on a steady call of each row of ``x`` ``[B, T, D]`` (all at one phase)
-        as one compiled :meth:`steady_layers`, its weights constants of the trace (rebuilt
-        when they change, :mod:`.derived`), the position projections inputs (their memo is
-        per thread). Bit-identical to the op-by-op path on each row alone (tested)."""
+        """:meth:`step` on a steady call of each row (all at one phase) as one compiled
+        :meth:`steady_layers`; bit-identical to each row op by op (tested)."""
         phase, T = caches[0].offset % self.attention_chunk, x.shape[1]
         fn = derived(
             self,
@@ -344,10 +324,8 @@ class FastConformer(nn.Module):
         return x, out
 
     def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
-        """One frame of each of ``B`` streams: ``x`` ``[B, 1, D]`` (subsampled), each row on its
-        own cache. Rows whose contexts are full run together (compiled); rows still filling
-        their contexts run together with the rows at their offset (the same shapes), each
-        group's caches merged for the call and split again."""
+        """One frame of each of ``B`` streams, ``x`` [B, 1, D], each on its own cache: the
+        steady rows in one compiled call, the others grouped by offset."""
         phase = caches[0].offset % self.attention_chunk
         steady = [
             i for i, c in enumerate(caches)
@@ -378,10 +356,9 @@ class FastConformer(nn.Module):
     # --- offline ---------------------------------------------------------------------------
 
     def encode(self, mel: mx.array, mel_len: mx.array, total: int, chunk_frames=None) -> mx.array:
-        """``mel`` [B, T_mel, n_mels] with ``mel_len`` [B] valid frames -> the first ``total``
-        encoder frames [B, total, D], chunk by chunk (``chunk_frames``, default
-        ``chunk_size``, rounded up to whole attention chunks; one chunk when the encoder
-        cannot be chunked) on a left-context cache, so memory grows linearly with the input."""
+        """``mel`` [B, T_mel, n_mels] (``mel_len`` [B] valid) -> the first ``total`` encoder
+        frames [B, total, D], ``chunk_frames`` (default ``chunk_size``, whole attention
+        chunks) at a time on a left-context cache."""
         factor = 2**self.pre_encode.sampling_num
         lengths = self.output_lengths(mel_len)
         size = self.attention_chunk

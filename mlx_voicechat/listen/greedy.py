@@ -43,8 +43,7 @@ class RowState:
 
 
 def build_step(net):
-    """The compiled call (see the module docstring) for ``net``'s decoder and joint; its window
-    is the frames ``e`` holds (one trace per window size)."""
+    """The compiled call for ``net``'s decoder and joint (one trace per window size)."""
     blank, max_symbols = net.config.blank_id, net.config.max_symbols
     predict = functools.partial(predict_step, net.decoder)
 
@@ -115,11 +114,10 @@ class GreedyDecoder:
         return any(r.frame < n for r, n in zip(self.rows, lengths))
 
     def round(self, lengths: List[int], reads_left: Optional[int] = None) -> None:
-        """Queue calls over rows whose frames before ``lengths[b]`` are pushed, read their
-        codes (one host read) and replay them. ``reads_left``: the reads a live session may
-        still take for these frames (None: offline). With more than one left, one call over
-        the frames left (up to ``WIDE``); otherwise enough calls for the frames left and the
-        tokens at the clip's rate so far, with slack (:meth:`_rate`)."""
+        """Queue calls over each row's pushed frames before ``lengths[b]``, read their codes
+        (one host read) and replay them. ``reads_left``: the reads a live session may still
+        take (None: offline); with more than one, one call that stops at the first token,
+        else enough calls for the frames left at the clip's token rate (:meth:`_rate`)."""
         B = self.batch
         left = max(n - r.frame for r, n in zip(self.rows, lengths))
         if left <= 0:
@@ -155,8 +153,7 @@ class GreedyDecoder:
         self._drop_consumed()
 
     def _rate(self) -> float:
-        """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds:
-        a call past the last token is wasted work, one too few costs another read."""
+        """Tokens per frame so far (speech's 0.25 until there is a history), to size rounds."""
         frames = sum(r.frame for r in self.rows)
         tokens = sum(len(r.tokens) for r in self.rows)
         return 0.25 if frames < 2 * self.window else min(max(tokens / frames, 0.05), 2.0)
@@ -185,9 +182,7 @@ class GreedyDecoder:
 
 class Transducer:
     """A prediction / joint network pair (VoiceChat's RN-T head) as :class:`GreedyDecoder`'s
-    ``net``. ``decoder`` is called ``decoder(y [B, U] or None, state) -> (outputs [B, U, H],
-    state)``; its start symbol is a zero input (NeMo's blank-as-pad). Made by
-    :func:`transducer`, which keeps one per pair."""
+    ``net``, its start symbol a zero input (NeMo's blank-as-pad); made by :func:`transducer`."""
 
     def __init__(self, decoder, joint, blank: int, max_symbols: int):
         self.decoder, self.joint = decoder, joint
@@ -198,9 +193,8 @@ class Transducer:
 
 
 def transducer(decoder, joint, blank: int, max_symbols: Optional[int]) -> Transducer:
-    """The :class:`Transducer` of ``decoder`` and ``joint``, kept on the joint (with its compiled
-    steps, :func:`build_step`) until its weights change (``derived``). ``max_symbols``
-    None: no bound on the tokens of one frame."""
+    """The :class:`Transducer` of ``decoder`` and ``joint``, kept on the joint with its compiled
+    steps until its weights change. ``max_symbols`` None: no bound per frame."""
     cap = 2**30 if max_symbols is None else int(max_symbols)
     if cap < 1:
         raise ValueError(f"max_symbols must be >= 1 or None, got {max_symbols!r}")
@@ -218,10 +212,9 @@ def greedy_decode(
     max_symbols: Optional[int] = 10,
     window: int = WINDOW,
 ) -> Tuple[List[int], List[int]]:
-    """Greedy RN-T (NeMo's ``GreedyRNNTInfer``) on one utterance with :class:`GreedyDecoder`:
-    ``encoded`` [T, D] or [1, T, D] (its first ``length`` frames) -> (token ids, encoder frame
-    of each token). At most ``max_symbols`` tokens per frame; ``window``: the frames one call's
-    joint covers (any gives the same tokens)."""
+    """Greedy RN-T on one utterance: ``encoded`` [T, D] or [1, T, D] (its first ``length``
+    frames) -> (token ids, encoder frame of each). ``window``: frames per call (any gives the
+    same tokens)."""
     if encoded.ndim == 3:
         if encoded.shape[0] != 1:
             raise ValueError(

@@ -51,8 +51,7 @@ class RNNTDecoder(PredictNetwork):
         )
 
     def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
-        """:func:`predict_step` on this network. (On the CPU the LSTM's weights are stored
-        column-major at load, ``fastpaths.layout``: its products are BLAS's plain case.)"""
+        """:func:`predict_step` on this network."""
         return predict_step(self, y, state)
 
     def predict(self, labels: mx.array, state=None, add_sos: bool = True):
@@ -89,28 +88,22 @@ class RNNTJoint(JointNetwork):
 
 
 def predict_step(decoder, y: mx.array, state):
-    """One token per row through a prediction network ``decoder(y [B, U], state) -> (outputs
-    [B, U, H], state)``: ``y`` [B] int, ``state`` (h, c) each [layers, B, H] -> (output [B, H],
-    (h, c)), the call's last output."""
+    """One token per row through a prediction network: ``y`` [B] int, ``state`` (h, c) each
+    [layers, B, H] -> (output [B, H], (h, c))."""
     out, state = decoder(y[:, None], state)
     return out[:, -1], state
 
 
 def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_symbols: int):
-    """One step of the greedy transducer rule (NeMo's, Transformers' batched decoder's) for
-    every row of a batch, on the device.
+    """One step of NeMo's greedy transducer rule for every row, on the device: the blank steps
+    up to the window's first non-blank settle at once (a blank keeps the prediction), that
+    token is emitted and the prediction adopted; after ``max_symbols`` tokens at one frame the
+    cursor advances without a step.
 
-    ``e`` ``[B, W, J]``: projected encoder frames from each row's cursor ``t`` ``[B]`` on
-    (``length`` ``[B]``: its frames); ``pred`` ``[B, J]`` and ``h`` / ``c`` ``[layers, B, H]``:
-    the prediction network's projected output and state after each row's last token; ``sym``
-    ``[B]``: its tokens at the current frame; ``predict(y [B], (h, c)) -> (output [B, H],
-    (h, c))``: the prediction network's step (:func:`predict_step`). The joint's argmax on a
-    blank advances the cursor and keeps the prediction, so the labels of the next frames are
-    independent and the blank steps up to the window's first non-blank settle at once
-    (``jump``); that token is emitted, the prediction network runs on it and its state is
-    adopted where a row emitted; after ``max_symbols`` tokens at one frame the cursor advances
-    without a step. Returns
-    ``(jump, token or NO_TOKEN, pred, h, c, t, sym)``, each ``[B]`` or as given."""
+    ``e`` [B, W, J]: projected encoder frames from each row's cursor ``t`` [B] (``length`` [B]
+    frames); ``pred`` [B, J], ``h`` / ``c`` [layers, B, H]: the prediction after each row's last
+    token; ``sym`` [B]: tokens at the current frame; ``predict``: :func:`predict_step` on the
+    prediction network. Returns ``(jump, token or NO_TOKEN, pred, h, c, t, sym)``."""
     w = mx.arange(e.shape[1], dtype=mx.int32)
     valid = (t[:, None] + w[None, :]) < length[:, None]
     labels = mx.argmax(joint.logits(e, pred[:, None, :]), axis=-1).astype(mx.int32)  # [B, W]
@@ -134,11 +127,9 @@ def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_s
 
 
 def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
-    """The prediction of the start symbol for ``batch`` rows: (projected prediction [B, J],
-    LSTM state (h, c) [layers, B, H]). ``token`` None: a zero input (NeMo's blank-as-pad);
-    the recognizer embeds its blank from a zero state, as Transformers starts its decoder
-    (the embedding's blank row is zero in weights converted from NeMo, the same as a zero
-    input, not in a model fine-tuned with Transformers)."""
+    """The start symbol's prediction for ``batch`` rows: (projected prediction [B, J], LSTM
+    state (h, c) [layers, B, H]). ``token`` None: a zero input (NeMo's blank-as-pad); the
+    recognizer embeds its blank, as Transformers does (which differs once fine-tuned)."""
     out, (h, c) = decoder(None if token is None else mx.array([[token]], dtype=mx.int32), None)
     pred = joint.project_prediction(out[:, -1])
     tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
@@ -146,10 +137,8 @@ def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
 
 
 def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
-    """:func:`greedy_step` over one encoder frame per row, ``steps`` (``max_symbols``) times:
-    ``enc_proj`` ``[B, J]`` -> ``labels`` ``[B, steps]`` (each row's tokens of the frame in
-    order, then ``blank``) and the new ``h``, ``c``, ``pred``; the frame then advances, as
-    ``listen.greedy`` does. The prediction network runs by :func:`predict_step`."""
+    """:func:`greedy_step` ``steps`` (``max_symbols``) times over one encoder frame per row:
+    ``enc_proj`` [B, J] -> (labels [B, steps]: the frame's tokens, then ``blank``; h, c, pred)."""
 
     predict = functools.partial(predict_step, decoder)
     one = mx.ones((enc_proj.shape[0],), mx.int32)

@@ -1,9 +1,6 @@
-"""Nemotron-3.5-ASR's Transformers layout, as data: the names Transformers gives the fields of
-:class:`~.asr.ASRConfig` in ``config.json`` and ``processor_config.json`` (rename tables read
-and written by ``sections.read_fields`` / ``write_fields``, as ``layouts.NEMO`` is for
-VoiceChat), its class defaults where they differ from ours, the vocabulary of
-``tokenizer.json`` and the language prompts' dictionary. :mod:`.asr` reads and writes with
-them (``transformers_fields``, ``transformers_config``)."""
+"""Nemotron-3.5-ASR's Transformers layout as data: the rename tables of ``config.json`` and
+``processor_config.json`` (for ``sections.read_fields`` / ``write_fields``), the class defaults
+that differ from ours, the ``tokenizer.json`` vocabulary and the prompts' dictionary."""
 
 from __future__ import annotations
 

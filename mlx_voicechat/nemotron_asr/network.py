@@ -22,9 +22,8 @@ from .config import ASRConfig
 
 
 class RecognizerEncoder(FastConformer):
-    """The FastConformer as the recognizer runs it (see the module docstring): NeMo's masks
-    inside the subsampling and its xscaling; a steady chunk compiled with the subsampling,
-    the prompt and the joint's projection (``asr.chunk``, ``RecognizerNetwork.encode_chunk``)."""
+    """The FastConformer with NeMo's subsampling masks and xscaling; a steady chunk is
+    compiled with the prompt and the joint's projection (``RecognizerNetwork.encode_chunk``)."""
 
     masked_input = True
     steady_path, steady_cpu_only = "asr.chunk", False
@@ -73,11 +72,10 @@ class RecognizerNetwork(nn.Module):
     def encode_chunk(
         self, mel, start: int, frames: slice, cache: EncoderCache, prompt_ids, mel_len=None
     ):
-        """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (its first row mel
-        frame ``start``; with ``mel_len``, masked past it) through the layers on ``cache``,
-        then :meth:`joint_frames`: (joint frames, the advanced cache). A steady chunk
-        (:meth:`RecognizerEncoder.steady`) is one compiled call (``asr.chunk``): the
-        subsampling, the layers and the projections fused, the same values as op by op."""
+        """Frames ``frames`` of the subsampling of ``mel`` [1, T, n_mels] (from mel frame
+        ``start``; with ``mel_len``, masked past it) through the layers on ``cache`` and
+        :meth:`joint_frames` -> (joint frames, advanced cache); a steady chunk in one compiled
+        call (``asr.chunk``), the same values."""
         enc = self.encoder
         n = frames.stop - frames.start
         if mel_len is not None or not enc.steady(n, cache):
@@ -93,9 +91,8 @@ class RecognizerNetwork(nn.Module):
         return out, EncoderCache(layers, cache.offset + n)
 
     def _chunk_fn(self, first: int, last: int):
-        """:meth:`encode_chunk` on a steady chunk as a function of ``(mel, prompt ids,
-        *positions, *cache arrays)``, compiled (the weights are constants of the trace, rebuilt
-        when they change: ``derived``)."""
+        """:meth:`encode_chunk` on a steady chunk, compiled, of ``(mel, prompt ids, *positions,
+        *cache arrays)``."""
         enc = self.encoder
 
         def run(mel, prompt_ids, *arrays):
@@ -105,8 +102,7 @@ class RecognizerNetwork(nn.Module):
         return compiled(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
-        """The start symbol's prediction for ``batch`` rows: its blank embedded from a zero
-        state, as Transformers starts its decoder (``listen.rnnt.start_state``)."""
+        """The start symbol's prediction for ``batch`` rows (its blank embedded)."""
         return start_state(self.decoder, self.joint, batch, self.config.blank_id)
 
     def __call__(self, *args, **kwargs):

@@ -63,8 +63,7 @@ class TranscriptionSession:
     # -- how much input a frame needs -------------------------------------------------------
 
     def samples_needed(self, k: int) -> int:
-        """Samples that must have arrived for encoder frame ``k`` to be computed (its chunk's
-        last frame's mel: ``1280 ((L+1) c + L) + 199``)."""
+        """Samples that must have arrived for encoder frame ``k`` (its chunk's last frame's)."""
         return self._mel.samples_needed((k // self.chunk) * self.chunk + self.chunk - 1)
 
     @property
@@ -128,8 +127,7 @@ class TranscriptionSession:
 
     def _decode(self, budget: Optional[int], total: Optional[int] = None) -> List[TranscriptEvent]:
         """Rounds over the frames computed while ``budget`` (reads so far, at most) allows; at
-        the end (``total``) every frame left, sized to take at most two reads beyond one per
-        1280 samples fed."""
+        the end (``total``) every frame left, in at most two reads more than one per frame."""
         dec, row = self._decoder, self._decoder.rows[0]
         end = dec.available if total is None else total
         n0 = len(row.tokens)
@@ -158,9 +156,7 @@ class TranscriptionSession:
 
 def open_transcription(model, *, language=None, prompt_id=None, edge: str = "nemo"):
     """A live transcription session on a recognizer (``model.session``) or on a VoiceChat
-    checkpoint's RNNT head
-    (:class:`~mlx_voicechat.nemotron_voicechat.runtime.rnnt_transcription.RNNTTranscription`,
-    which has no language prompt)."""
+    checkpoint's RNNT head (``RNNTTranscription``, which has no language prompt)."""
     if getattr(model, "resolve_prompt", None) is not None:
         return model.session(language=language, prompt_id=prompt_id, edge=edge)
     if language not in (None, "auto") or prompt_id is not None:
