@@ -31,7 +31,7 @@ from ..fastpaths import on_cpu
 from ..fastpaths.conv_products import products
 from ..fastpaths.layout import as_matrix
 
-# Encoder frames per chunk of the chunked encoder (8 x 10 ms mel frames each: 256 = 20.48 s).
+# Encoder frames per chunk of the chunked offline pass.
 DEFAULT_CHUNK_FRAMES = 256
 NEG_INF = -1e30
 

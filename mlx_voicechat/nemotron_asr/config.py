@@ -133,7 +133,7 @@ class ASRConfig:
 
     @property
     def frame_samples(self) -> int:
-        """Input samples per encoder frame (1280: 8 mel hops of 160 at 16 kHz)."""
+        """Input samples per encoder frame (the subsampling factor's mel hops)."""
         return self.encoder.subsampling_factor * self.preprocessor.hop_length
 
     @property
