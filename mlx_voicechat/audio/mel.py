@@ -4,7 +4,8 @@
 NeMo's quirks, kept once: the STFT pads ``n_fft // 2`` zeros, not reflect (errata 1); the valid
 mel length is ``floor(n / hop)``, one less than the centred STFT's frames, the rest holding the
 pad value (errata 2; ``edge="mlx-audio"`` counts that frame). A mel frame is final once the
-samples its window weights are in; an encoder frame once its subsampling's last mel frame is.
+samples its window weights are in (the window zeroes the rest, so zeros stand in for them); an
+encoder frame once its subsampling's last mel frame is.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ transposed view of ``W.T`` made contiguous) and each output sums in the same ord
 Moved: ``Linear`` weights (but those marked :func:`keep_row_major`), pointwise convs marked
 :func:`as_matrix`, ``nn.LSTM`` weights (whose layers become :class:`ColumnLSTM`, fast path
 ``rnnt.lstm_step``); convs marked ``conv_products.products`` become product convs
-(``encoder.convs``). Left alone: half precision, quantized layers, any GPU.
+(``encoder.convs``). Left alone: half precision (no BLAS there; column-major is slower),
+quantized layers, any GPU.
 """
 
 from __future__ import annotations

@@ -129,7 +129,8 @@ def greedy_step(predict, joint, e, pred, h, c, t, sym, length, blank: int, max_s
 def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
     """The start symbol's prediction for ``batch`` rows: (projected prediction [B, J], LSTM
     state (h, c) [layers, B, H]). ``token`` None: a zero input (NeMo's blank-as-pad); the
-    recognizer embeds its blank, as Transformers does (which differs once fine-tuned)."""
+    recognizer embeds its blank as Transformers does (the same while that row is zero, as
+    in weights converted from NeMo)."""
     out, (h, c) = decoder(None if token is None else mx.array([[token]], dtype=mx.int32), None)
     pred = joint.project_prediction(out[:, -1])
     tile = lambda a, axis: mx.repeat(a, batch, axis=axis) if batch > 1 else a  # noqa: E731
