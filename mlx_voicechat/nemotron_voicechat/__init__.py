@@ -1,13 +1,7 @@
-"""The module mlx-lm and mlx-audio import for ``model_type: "nemotron_voicechat"``.
-
-Reached as ``mlx_lm.models.nemotron_voicechat`` and ``mlx_audio.sts.models.nemotron_voicechat``
-through the plugin finder (see ``mlx_voicechat_boot``). :class:`Model` is the user-facing model:
-the parameter tree of :mod:`mlx_voicechat.nemotron_voicechat.model` plus the loader hooks the
-ecosystem loaders call (``sanitize``, ``post_load_hook``, which reach into
-:mod:`mlx_voicechat.nemotron_voicechat.weights`) and the
-runtime methods (``transcribe``, ``generate``, from
-:mod:`mlx_voicechat.nemotron_voicechat.runtime`).
-"""
+"""The module mlx-lm and mlx-audio import for ``model_type: "nemotron_voicechat"`` (through the
+plugin finder in ``mlx_voicechat_boot``). :class:`Model` is the user-facing model: the parameter
+tree of :mod:`.model`, the ecosystem loaders' hooks (``sanitize``, ``post_load_hook``) and the
+runtime methods (``transcribe``, ``generate``, sessions)."""
 
 from __future__ import annotations
 
