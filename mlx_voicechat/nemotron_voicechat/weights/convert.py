@@ -1,13 +1,9 @@
-"""``mlx-voicechat convert``: any supported checkpoint to the mlx-community layout.
+"""``mlx-voicechat convert``: any supported checkpoint to the mlx-community layout (NeMo key
+names, PyTorch layouts), from NVIDIA's raw release, mlx-community (re-quantized or re-typed;
+quantized modules are dequantized first) or mlx-audio (MLX layouts turned back).
 
-Sources: NVIDIA's raw release (nested NeMo config, one float32 file, no tokenizer), an
-mlx-community checkpoint (re-quantize or change dtype; quantized modules are dequantized first)
-or an mlx-audio prepared one (MLX layouts, turned back into PyTorch layouts). The output keeps
-NeMo key names and PyTorch layouts, as mlx-community publishes them.
-
-The weights stream: every source file is opened lazily, and each output tensor is computed,
-written and dropped before the next, so peak memory stays near the largest tensor. Output goes
-to a temporary folder beside the target that is renamed at the end; any failure removes it.
+Weights stream: each output tensor is computed, written and dropped before the next, so peak
+memory stays near the largest tensor; output goes to a temporary folder renamed at the end.
 """
 
 from __future__ import annotations
@@ -33,7 +29,9 @@ from .loading import (
     TOKENIZER_PATTERNS,
     check_rnnt_vocabulary,
     check_write_options,
+    quantization_defaults,
     read_config,
+    read_safetensors,
     resolve_path,
     weight_files,
 )
@@ -82,12 +80,7 @@ class _Source:
         self.lazy: Dict[str, Dict[str, mx.array]] = {}
         self.where: Dict[str, str] = {}
         for f in self.files:
-            try:
-                self.lazy[str(f)] = mx.load(str(f))
-            except Exception as e:
-                raise CheckpointError(
-                    f"{f} is not a readable safetensors file (corrupt or truncated?): {e}"
-                ) from None
+            self.lazy[str(f)] = read_safetensors(f)
             self.where.update({k: str(f) for k in self.lazy[str(f)]})
         self.units = self._group(config.quantization or {})
 
@@ -95,10 +88,7 @@ class _Source:
         quantized = {k[: -len(".scales")] for k in self.where if k.endswith(".scales")}
         if quantized and not quantization:
             raise CheckpointError("the weights are quantized but config.json has no quantization")
-        default = {
-            k: quantization.get(k, d)
-            for k, d in (("group_size", 64), ("bits", 4), ("mode", "affine"))
-        }
+        default = quantization_defaults(quantization)
         units, seen = [], set()
         for m in sorted(quantized):
             keys = tuple(
