@@ -75,11 +75,9 @@ class _Source:
     when it is evaluated)."""
 
     def __init__(self, folder: Path, config: VoiceChatConfig):
-        self.folder = folder
-        self.files = weight_files(folder)
         self.lazy: Dict[str, Dict[str, mx.array]] = {}
         self.where: Dict[str, str] = {}
-        for f in self.files:
+        for f in weight_files(folder):
             self.lazy[str(f)] = read_safetensors(f)
             self.where.update({k: str(f) for k in self.lazy[str(f)]})
         self.units = self._group(config.quantization or {})
@@ -128,16 +126,8 @@ class _Source:
 
 
 class _Converter:
-    def __init__(
-        self,
-        source: _Source,
-        config: VoiceChatConfig,
-        model: nn.Module,
-        dtype,
-        quant: Dict,
-        layout: str,
-    ):
-        self.source, self.config, self.dtype, self.layout = source, config, dtype, layout
+    def __init__(self, source: _Source, model: nn.Module, dtype, quant: Dict, layout: str):
+        self.source, self.dtype, self.layout = source, dtype, layout
         self.shapes = rules.expected_shapes(model)
         self.conv_t = rules.conv_transpose_keys(model)
         self.quant = {k: v for k, v in quant.items() if isinstance(v, dict)}
@@ -282,7 +272,7 @@ def convert(
             f"{group_size}; pick a smaller group size"
         )
     src = _Source(folder, config)
-    conv = _Converter(src, config, model, getattr(mx, dtype), quant, config.layout)
+    conv = _Converter(src, model, getattr(mx, dtype), quant, config.layout)
     conv.validate()
     specs = conv.plan()
     out_config = flat_config(config, quant or None, source=raw)

@@ -294,10 +294,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.size
-        for s in self.shape:
-            n *= s
-        return n
+        return self.dtype.size * math.prod(self.shape)
 
 
 def plan_shards(
