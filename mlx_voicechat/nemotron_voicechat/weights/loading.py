@@ -300,10 +300,8 @@ def load(
         tokenizer: a folder / hub id with ``tokenizer.json`` or a tokenizer object; needed for
             NVIDIA's raw release, which ships none.
         lazy: leave the weights unevaluated (they load on first use).
-        model_class: the class to build from the config (default: the parameter tree,
-            :class:`mlx_voicechat.nemotron_voicechat.model.VoiceChatModel`);
-            :func:`mlx_voicechat.load` passes the
-            user-facing :class:`mlx_voicechat.nemotron_voicechat.Model`.
+        model_class: the class to build (default: the parameter tree, ``VoiceChatModel``;
+            :func:`mlx_voicechat.load` passes the user-facing ``Model``).
     """
     if model_class is None:
         from ..model import VoiceChatModel as model_class

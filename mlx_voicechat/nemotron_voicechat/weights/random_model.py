@@ -39,8 +39,7 @@ def random_model(
         quantize: 4 or 8 quantizes what the mlx-community checkpoints quantize (the LLM's
             mixer projections, its embedding and both heads); everything else keeps ``dtype``.
         dtype: ``float32``, ``bfloat16`` (the mlx-community checkpoints) or ``float16``.
-        model_class: the class to build (default: the parameter tree,
-            :class:`mlx_voicechat.nemotron_voicechat.model.VoiceChatModel`; pass
+        model_class: the class to build (default: the parameter tree, ``VoiceChatModel``; pass
             :class:`mlx_voicechat.nemotron_voicechat.Model` for ``generate`` / ``session``).
     """
     if model_class is None:
