@@ -48,7 +48,6 @@ from .writer import (
 )
 
 DTYPES = DTYPE_NAMES  # what --dtype takes
-TOKENIZER_FILES = TOKENIZER_PATTERNS
 # Kept in float32 whatever --dtype says: Mamba's A = -exp(A_log) amplifies rounding (mlx-vlm
 # keeps it too), and the log-mel filters and window are tiny buffers the front end is exact on.
 KEEP_FLOAT32 = ("A_log", "featurizer.fb", "featurizer.window")
@@ -181,7 +180,7 @@ class _Converter:
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_PATTERNS:
         if (src / name).exists():
             shutil.copy2(src / name, dst / name)
     cfg_path = dst / "tokenizer_config.json"
@@ -200,7 +199,7 @@ def _tokenizer_folder(tokenizer) -> Path:
     path = Path(tokenizer).expanduser()
     if path.is_file():
         return path.parent
-    return resolve_path(str(tokenizer), patterns=TOKENIZER_FILES, what="tokenizer folder")
+    return resolve_path(str(tokenizer), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
 
 
 def convert(
