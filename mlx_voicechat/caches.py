@@ -2,8 +2,9 @@
 ``extend``, ``extract``, ``merge``; ours add ``meta_state``, which mlx-lm 0.32 keeps in ``state``).
 
 A batch is each conversation's cache tree with one row per conversation. Fixed-size state is
-mlx-lm's :class:`ArraysCache` (rows along axis 0); state that grows (attention keys / values)
-is :class:`RowCaches`, one mlx-lm cache per row with attention run row by row. Not mlx-lm's
+mlx-lm's :class:`ArraysCache` (rows along axis 0) or a cache of ours with the same protocol
+(codec decode, noise, :class:`EncoderCache`); state that grows (attention keys / values) is
+:class:`RowCaches`, one mlx-lm cache per row with attention run row by row. Not mlx-lm's
 ``BatchKVCache``: a wrapped sliding window sums its keys in ring-buffer order, which differs
 between rows that joined at different times; per-row caches keep each row's bits its own.
 """

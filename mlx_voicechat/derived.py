@@ -5,7 +5,8 @@ the weights as trace constants (see :mod:`.fastpaths`) and tables laid out from 
 all of a model's. ``VoiceChatModel.update`` / ``update_modules`` (so ``load_weights``,
 ``set_dtype``, ``nn.quantize``) and the CPU layout call it; after changing a part's weights
 yourself, call ``reset_derived(model)``. Not ``mx.compile(fn, inputs=module.state)``: the tables
-need dropping anyway, and the steps were no faster with their weights as inputs.
+need dropping anyway, and the steps were no faster with their weights as inputs. Every function
+of the package is compiled with :class:`compiled`, once per calling thread.
 """
 
 import threading

@@ -1,6 +1,6 @@
 """The speech codec of NemotronLabs VoiceChat (``tts_model.audio_codec.*``, NeMo's ``RVQVAEModel``).
 
-Waveform -> 16-point STFT -> causal ConvNeXt encoder -> one latent per frame -> probabilistic
+Waveform -> STFT -> causal ConvNeXt encoder -> one latent per frame -> probabilistic
 residual VQ -> codes, and back through a causal ConvNeXt decoder and a clamped iSTFT.
 Everything is causal, so the decoder streams exactly, except the last ``(n_fft - hop) // 2``
 samples of a code frame, which overlap the next one: ``decode_step`` emits a stream delayed by
