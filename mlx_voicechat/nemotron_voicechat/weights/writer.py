@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...config import NEMOTRON_NANO_9B_V2, TOP_LEVEL_KEYS, VoiceChatConfig, text_args
+from ...config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
 from ...config.layouts import GEMMA_KEYS, GEMMA_SIZES
 from ...errors import VoiceChatError
 
@@ -103,9 +103,27 @@ def quantize_like_mlx_community(model: nn.Module, bits: int, group_size: int, sc
 
 # --- config -----------------------------------------------------------------------------
 
-# mlx-vlm's text keys: the real LLM's config keys, head_dim moved after the layer pattern.
 _TEXT_KEYS = (
-    *(k for k in NEMOTRON_NANO_9B_V2 if k not in ("head_dim", "time_step_limit")),
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "attention_bias",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_proj_bias",
+    "ssm_state_size",
+    "conv_kernel",
+    "n_groups",
+    "mlp_bias",
+    "layer_norm_epsilon",
+    "use_bias",
+    "use_conv_bias",
+    "hybrid_override_pattern",
     "head_dim",
     "time_step_limit",
 )
@@ -210,18 +228,15 @@ def flat_config(
                 **{k: v for k, v in extra.items() if k not in audio[name]},
                 **audio[name],
             }
+    tts_full = full["tts_config"]
     ch = config.tts_config.character_encoder
-    char = {
-        **full["tts_config"]["character_encoder"],
-        # Read by neither loader (the char vocabulary comes from the tokenizer); mlx-vlm's keys.
-        "vocab_size": ch.char_vocab_size,
-        "rope_parameters": {"rope_type": "default", "rope_theta": ch.rope_base},
-    }
-    tts = {
-        **full["tts_config"],
-        "disable_eos_prediction": True,  # NeMo's inference never predicts a speech eos
-        "character_encoder": {k: char[k] for k in _CHAR_KEYS if k in char},
-    }
+    char = {k: v for k, v in tts_full["character_encoder"].items() if k in _CHAR_KEYS}
+    # Read by neither loader (the char vocabulary comes from the tokenizer); mlx-vlm's key set.
+    char["vocab_size"] = ch.char_vocab_size
+    char["rope_parameters"] = {"rope_type": "default", "rope_theta": ch.rope_base}
+    tts = {k: tts_full[k] for k in _TTS_KEYS if k in tts_full}
+    tts["disable_eos_prediction"] = True  # NeMo's inference never predicts a speech eos
+    tts["character_encoder"] = {k: char[k] for k in _CHAR_KEYS if k in char}
     d = {
         "model_type": full["model_type"],
         "architectures": full["architectures"],
