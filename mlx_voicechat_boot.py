@@ -1,26 +1,15 @@
 """Start-up hook of mlx-voicechat (imported by ``mlx_voicechat.pth`` at interpreter start).
 
 mlx-lm and mlx-audio import model code by name (``mlx_lm.models.<type>``,
-``mlx_audio.<kind>.models.<type>``) and read no entry points. This module installs a lazy
-``sys.meta_path`` finder that answers those names from the entry point groups
-``mlx_lm.models`` and ``mlx_audio.<kind>.models`` (name = model type, value = module path) and
-aliases the requested name to the plugin's module. It imports nothing heavy: entry points are
-read once, on the first lookup of such a name, and mlx is never imported here.
+``mlx_audio.<kind>.models.<type>``) and read no entry points: a lazy ``sys.meta_path`` finder
+answers those names from the entry point groups of the same names (read on first lookup; mlx is
+never imported here). ``MLX_VOICECHAT_DISABLE=1`` installs nothing; ``MLX_VOICECHAT_OVERRIDE=0``
+lets a built-in module of the same name win.
 
-``MLX_VOICECHAT_DISABLE=1`` installs nothing; ``MLX_VOICECHAT_OVERRIDE=0`` lets a built-in
-module of the same name win over the plugin.
-
-When ``mlx_lm.utils`` is imported, two of its functions get a thin wrapper (nothing else of
-mlx-lm is touched): ``load_config`` refuses NVIDIA's raw VoiceChat release (a NeMo config
-without ``model_type``, which mlx-lm cannot read) with one clear line instead of a bare
-``KeyError``, and ``load_model`` hands a VoiceChat model its tokenizer and RNNT vocabulary
-(``Model.post_load_hook``), so that a model from ``mlx_lm.load`` can ``generate``.
-
-``MLX_VOICECHAT_BLAS=openblas`` (or the path of a BLAS library; unset or empty: the ``mlx[cpu]``
-wheel's own) loads that BLAS globally before mlx is first imported, so that MLX's CPU matrix
-products run on it (Linux only; OpenBLAS is looked for where Debian and Ubuntu install it). A
-request that cannot be honoured is one line on stderr; ``mlx-voicechat info --system`` says
-which BLAS is in effect.
+``mlx_lm.utils`` gets two thin wrappers: ``load_config`` refuses NVIDIA's raw release with one
+clear line (not a bare ``KeyError``), ``load_model`` runs ``Model.post_load_hook`` so the model
+gets its tokenizer. ``MLX_VOICECHAT_BLAS=openblas`` (or a library path) loads that BLAS globally
+before mlx is first imported (Linux only); ``mlx-voicechat info --system`` says which is in use.
 """
 
 import os

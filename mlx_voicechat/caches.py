@@ -1,23 +1,12 @@
-"""Batch forms of per-conversation state, with mlx-lm's cache protocol.
+"""Batch forms of per-conversation state, with mlx-lm's cache protocol (``state``, ``filter``,
+``extend``, ``extract``, ``merge``; ours add ``meta_state``, which mlx-lm 0.32 keeps in ``state``).
 
-Every conversation's state is a tree of caches (``nemotron_voicechat.runtime.framestate``); a batch
-of conversations is the same tree with one row per conversation, and each cache offers what
-mlx-lm's caches offer for that (``state`` for snapshots, ``filter``, ``extend``, ``extract``,
-``merge``; ours also ``meta_state``, the non-array part of a snapshot, which mlx-lm 0.32's own
-caches carry in ``state``). Fixed-size state (Mamba, LSTM and flag arrays) is kept as mlx-lm's
-:class:`ArraysCache` with one row per conversation along axis 0; the codec's decode state
-(``nemotron_voicechat.nets.codec_step``), the noise sources (``noise.RowNoise``) and the encoder's
-context (:class:`EncoderCache`, for ``listen.fastconformer``) are caches of ours with the same
-protocol.
-
-State that grows with the conversation (attention keys / values) is :class:`RowCaches`: each
-row keeps its own mlx-lm cache, exactly as a conversation alone keeps it, and attention runs
-row by row over it (the projections around it run for all rows at once). A batched cache
-with left padding (mlx-lm's ``BatchKVCache``) would give the same bits while rows only
-append, but a sliding-window cache that has wrapped sums its keys in the order of its ring
-buffer, which differs between rows that joined at different times, and rows of a batch that
-step at different times would need holes: per-row caches keep every row's arithmetic the
-one it has alone.
+A batch is each conversation's cache tree with one row per conversation. Fixed-size state is
+mlx-lm's :class:`ArraysCache` (rows along axis 0) or a cache of ours with the same protocol
+(codec decode, noise, :class:`EncoderCache`); state that grows (attention keys / values) is
+:class:`RowCaches`, one mlx-lm cache per row with attention run row by row. Not mlx-lm's
+``BatchKVCache``: a wrapped sliding window sums its keys in ring-buffer order, which differs
+between rows that joined at different times; per-row caches keep each row's bits its own.
 """
 
 from __future__ import annotations
@@ -33,10 +22,8 @@ from mlx_lm.models.cache import ArraysCache, _BaseCache
 
 
 class RowCaches(_BaseCache):
-    """One cache object per row (a list with mlx-lm's batch protocol).
-
-    A single row also answers ``update_and_fetch`` / ``make_mask`` / ``offset`` like the cache
-    it holds, so multi-position calls of mlx-lm blocks (a prompt's prefill) run on it."""
+    """One cache object per row (a list with mlx-lm's batch protocol). A single row also
+    answers like the cache it holds, so mlx-lm blocks run on it (a prompt's prefill)."""
 
     def __init__(self, rows: Sequence[Any]):
         self.rows = list(rows)
@@ -142,13 +129,6 @@ def _indices(batch_indices) -> List[int]:
     if isinstance(batch_indices, mx.array):
         return [int(i) for i in batch_indices.tolist()]
     return [int(i) for i in batch_indices]
-
-
-def arrays_cache(*arrays: mx.array) -> ArraysCache:
-    """An :class:`ArraysCache` holding ``arrays`` (rows along axis 0)."""
-    c = ArraysCache(len(arrays))
-    c.cache = list(arrays)
-    return c
 
 
 class NamedArrays(ArraysCache):

@@ -1,17 +1,12 @@
-"""Values made from a module's weights and kept for the next call: compiled functions that
-hold the weights as constants of their trace (see :mod:`.fastpaths`) and tables laid out from
-them (the padded RVQ table, the codec step's weights, embeddings per id, ...).
+"""Values made from a module's weights and kept for the next call: compiled functions that hold
+the weights as trace constants (see :mod:`.fastpaths`) and tables laid out from them.
 
-:func:`derived` builds one on first use and keeps it on the module; :func:`reset_derived`
-drops all of a model's. Whatever changes weights calls it: ``VoiceChatModel.update`` /
-``update_modules`` (so ``load_weights``, ``set_dtype`` and ``nn.quantize(model)``) and the CPU
-layout. After changing a part's weights yourself (``model.tts.update(...)``, an array
-written in place), call ``reset_derived(model)``.
-
-Not ``mx.compile(fn, inputs=module.state)``: the tables need dropping anyway, and the compiled
-TTS backbone and LLM steps were no faster with their weights as inputs (small model, CPU).
-
-Every function of the package is compiled with :class:`compiled`, once per calling thread.
+:func:`derived` builds one on first use and keeps it on the module; :func:`reset_derived` drops
+all of a model's. ``VoiceChatModel.update`` / ``update_modules`` (so ``load_weights``,
+``set_dtype``, ``nn.quantize``) and the CPU layout call it; after changing a part's weights
+yourself, call ``reset_derived(model)``. Not ``mx.compile(fn, inputs=module.state)``: the tables
+need dropping anyway, and the steps were no faster with their weights as inputs. Every function
+of the package is compiled with :class:`compiled`, once per calling thread.
 """
 
 import threading
@@ -40,14 +35,10 @@ def reset_derived(model: nn.Module) -> None:
 class compiled:
     """``mx.compile(fn, **options)``, made once for each thread that calls it.
 
-    MLX (0.32) keeps compiled traces per thread, keyed by the address of the Python function,
-    and a compiled function, when it dies, erases its traces from the cache of the thread that
-    called it last only. One called from two threads (a model used on the main thread, then by
-    a server's worker) leaves its trace in the first thread's cache; a function made later at
-    the same address, called there with inputs of the same shapes, is handed that trace, whose
-    constants are the dead function's weights: wrong results, no error (ml-explore/mlx#3940,
-    whose fix in 0.32.1 remembers one thread). Each thread here has a compiled function of its
-    own, called from that thread only, so its erase finds its trace.
+    MLX keeps traces per thread, keyed by the function's address, and a dying compiled function
+    erases them only in the thread that called it last: a later function at the same address
+    could be handed a stale trace holding dead weights (wrong results, no error;
+    ml-explore/mlx#3940). One compiled function per thread always erases its own trace.
     """
 
     __slots__ = ("fn", "options", "_threads")

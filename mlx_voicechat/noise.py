@@ -1,13 +1,13 @@
 """Sampling noise for the speaking path: one source per session, never the global generator.
 
-EAR-TTS draws two kinds of noise per MoG call, in this order (errata 9): Gumbel noise for the
-mixture-component pick, then a standard normal for the latent. A source is passed into each
-step explicitly, so two sessions never share random state and a test can replay NeMo's
-recorded draws.
+EAR-TTS draws, per MoG call, Gumbel noise for the component pick, then a standard normal for
+the latent (errata 9). Sources are passed in explicitly, so sessions never share random state
+and tests can replay NeMo's recorded draws.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, Sequence, Tuple, runtime_checkable
 
 import mlx.core as mx
@@ -64,10 +64,7 @@ class ReplayNoise:
                 f"ReplayNoise: all {rows.shape[0]} recorded {kind} draws are used up"
             )
         row = rows[j]
-        size = 1
-        for s in shape:
-            size *= int(s)
-        if row.size != size:
+        if row.size != math.prod(int(s) for s in shape):
             raise ValueError(
                 f"ReplayNoise: recorded {kind} draw {j} has {row.size} values, "
                 f"asked for shape {tuple(shape)}"

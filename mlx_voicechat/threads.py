@@ -1,11 +1,8 @@
 """MLX work outside the main thread, and a clean interpreter exit after it.
 
-MLX keeps a per-thread cache of compiled functions (``mx.compile``: ours, and mlx.nn's
-activations) that holds Python objects; a thread releases it after its Python part has ended,
-taking the GIL once more. An interpreter that starts finalizing in that window makes the
-thread abort the process (``terminate called without an active exception``, exit 134). So
-every thread that runs this package's MLX work is noted, and at exit the interpreter waits
-(bounded, with the GIL released) until those threads are gone.
+A thread releases MLX's per-thread compile cache after its Python part has ended; an
+interpreter finalizing in that window aborts the process (exit 134). So threads that run MLX
+work are noted, and at exit the interpreter waits (bounded, GIL released) until they are gone.
 """
 
 from __future__ import annotations

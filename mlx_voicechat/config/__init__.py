@@ -1,13 +1,7 @@
-"""Configuration of NemotronLabs VoiceChat: the dataclass tree every network is built from.
-
-The bottom layer of the package (above :mod:`mlx_voicechat.errors` only):
-
-* :mod:`.sections`: the leaf sections (preprocessor, encoder, RNNT, EAR-TTS, character
-  encoder, MoG head, codec) and the LLM's Nemotron-H arguments;
-* :mod:`.voicechat`: :class:`VoiceChatConfig`, the root of the tree;
-* :mod:`.layouts`: parsing the config.json of each checkpoint layout (mlx-community flat,
-  NVIDIA NeMo/Hydra, mlx-audio prepared).
-"""
+"""Configuration of NemotronLabs VoiceChat, the dataclass tree every network is built from (the
+bottom layer, above :mod:`mlx_voicechat.errors` only): :mod:`.sections` (the leaf sections and
+the LLM's arguments), :mod:`.voicechat` (:class:`VoiceChatConfig`, the root) and :mod:`.layouts`
+(each checkpoint layout's config.json)."""
 
 from .sections import (
     MODEL_TYPE,

@@ -1,13 +1,6 @@
-"""Parsing each checkpoint layout's ``config.json`` into :class:`VoiceChatConfig` fields.
-
-* the flat mlx-community config (``text_config``, ``audio_config``, ``tts_config``, ...),
-* NVIDIA's raw NeMo/Hydra run config (``model.stt.model``, ``model.speech_generation``,
-  ``_rnnt_merge_info``), and
-* mlx-audio's prepared config (the NeMo config plus an ``mlx_audio`` section).
-
-Each parser returns the keyword arguments of ``cls`` (the ``VoiceChatConfig`` class, passed
-in so that this module sits below it).
-"""
+"""Each checkpoint layout's ``config.json`` (flat mlx-community; NVIDIA's nested NeMo/Hydra run
+config; mlx-audio's, the NeMo one plus an ``mlx_audio`` section) to :class:`VoiceChatConfig`
+fields. ``cls`` is passed in so that this module sits below that class."""
 
 from __future__ import annotations
 
@@ -65,15 +58,19 @@ def fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     )
 
 
+def _scalars(cls, d: Dict[str, Any]) -> Dict[str, Any]:
+    """``cls``'s fields in ``d`` but the sections and the layout (which is detected)."""
+    sections = ("text_config", "audio_config", "tts_config", "codec_config", "layout")
+    return {k: v for k, v in _known(cls, d).items() if k not in sections}
+
+
 def flat_fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     """``cls`` (VoiceChatConfig) fields from the flat mlx-community config."""
     if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
         raise ConfigError(
             f"config.json describes model_type {d.get('model_type')!r}, not {MODEL_TYPE!r}"
         )
-    top = _known(cls, d)
-    for k in ("text_config", "audio_config", "tts_config", "codec_config", "layout"):
-        top.pop(k, None)
+    top = _scalars(cls, d)
     return dict(
         text_config=dict(d.get("text_config") or NEMOTRON_NANO_9B_V2),
         audio_config=AudioConfig.from_dict(d.get("audio_config")),
@@ -205,9 +202,7 @@ def nemo_fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     f = read_fields(NEMO, d)
     mlx_audio = d.get("mlx_audio") or {}
     text = d.get("text_config") or mlx_audio.get("llm_config") or dict(NEMOTRON_NANO_9B_V2)
-    top = _known(cls, f)
-    for k in ("text_config", "audio_config", "tts_config", "codec_config"):
-        top.pop(k, None)
+    top = _scalars(cls, f)
     top["rnnt_vocabulary"] = list(top.get("rnnt_vocabulary") or [])
     top.update({k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in text})
     return dict(

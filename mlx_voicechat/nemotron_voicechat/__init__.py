@@ -1,13 +1,7 @@
-"""The module mlx-lm and mlx-audio import for ``model_type: "nemotron_voicechat"``.
-
-Reached as ``mlx_lm.models.nemotron_voicechat`` and ``mlx_audio.sts.models.nemotron_voicechat``
-through the plugin finder (see ``mlx_voicechat_boot``). :class:`Model` is the user-facing model:
-the parameter tree of :mod:`mlx_voicechat.nemotron_voicechat.model` plus the loader hooks the
-ecosystem loaders call (``sanitize``, ``post_load_hook``, which reach into
-:mod:`mlx_voicechat.nemotron_voicechat.weights`) and the
-runtime methods (``transcribe``, ``generate``, from
-:mod:`mlx_voicechat.nemotron_voicechat.runtime`).
-"""
+"""The module mlx-lm and mlx-audio import for ``model_type: "nemotron_voicechat"`` (through the
+plugin finder in ``mlx_voicechat_boot``). :class:`Model` is the user-facing model: the parameter
+tree of :mod:`.model`, the ecosystem loaders' hooks (``sanitize``, ``post_load_hook``) and the
+runtime methods (``transcribe``, ``generate``, sessions)."""
 
 from __future__ import annotations
 
@@ -53,12 +47,8 @@ class Model(VoiceChatModel):
     # --- loading ----------------------------------------------------------------------
 
     def sanitize(self, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
-        """NeMo / PyTorch layouts to ours; pure in its result and safe to run twice.
-
-        It also remembers which keys (and shapes) the checkpoint provided, so that
-        ``post_load_hook`` can tell a non-strict loader's silently missing or misshaped tensors
-        from loaded ones.
-        """
+        """NeMo / PyTorch layouts to ours (safe to run twice). Remembers the keys and shapes
+        provided, so that ``post_load_hook`` catches what a non-strict loader skipped."""
         out = sanitize_module(self, weights)
         self._checkpoint_keys = {k: tuple(v.shape) for k, v in out.items()}
         return out
@@ -112,17 +102,14 @@ class Model(VoiceChatModel):
         use_language_cache=True,
         **kwargs,
     ):
-        """Offline speech-to-speech: see
-        :func:`mlx_voicechat.nemotron_voicechat.runtime.generate.generate`. A model
-        runs one call at a time, from any thread. ``system_prompt=None`` is NVIDIA's default
-        prompt (``DEFAULT_SYSTEM_PROMPT``); ``""`` is none.
+        """Offline speech-to-speech: see :func:`.runtime.generate.generate`. A model runs one
+        call at a time, from any thread. ``system_prompt=None`` is NVIDIA's default prompt
+        (``DEFAULT_SYSTEM_PROMPT``); ``""`` is none.
 
         mlx-audio's keywords work too: ``verbose`` prints the reply text, ``max_frames`` keeps
-        only the first frames, ``use_language_cache`` changes nothing (the LLM always keeps its
-        cache). Generic options of ``python -m mlx_audio.sts.generate`` are accepted:
-        ``sample_rate`` is the rate of an array ``audio``; options that do not apply to this
-        model (sampling temperature, voices, ...) are ignored with a one-line warning; anything
-        else is a GenerationError."""
+        the first frames, ``use_language_cache`` changes nothing, ``sample_rate`` is the rate of
+        an array ``audio``; generic options that do not apply (temperature, voice, ...) are
+        ignored with a one-line warning; anything else is a GenerationError."""
         from ..errors import GenerationError
         from .runtime.compat import check_generate_compat
         from .runtime.generate import generate

@@ -1,11 +1,8 @@
-"""The whole VoiceChat model's parameter tree, composed of the networks in
-:mod:`mlx_voicechat.nemotron_voicechat.nets`.
+"""The whole VoiceChat model's parameter tree, composed of the networks in :mod:`.nets`.
 
-Parameter names are the checkpoint's key names (``stt_model.*``, ``tts_model.*``) in MLX
-layout; :mod:`mlx_voicechat.nemotron_voicechat.weights.sanitize` maps NeMo / PyTorch layouts onto
-them. The user-facing class, with the loader hooks and the runtime methods, is
-:class:`mlx_voicechat.nemotron_voicechat.Model`; this module imports neither weights/ nor
-runtime/.
+Parameter names are the checkpoint's keys (``stt_model.*``, ``tts_model.*``) in MLX layout
+(:mod:`.weights.sanitize` maps NeMo / PyTorch layouts onto them). The user-facing class is
+:class:`mlx_voicechat.nemotron_voicechat.Model`; this module imports neither weights/ nor runtime/.
 """
 
 from __future__ import annotations

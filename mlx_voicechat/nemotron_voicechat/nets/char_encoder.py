@@ -1,13 +1,9 @@
 """EAR-TTS text conditioning: the character-aware subword encoder (``embed_subword.*``).
 
-Each subword id is spelled through a dense character vocabulary (the tokenizer's single-character
-tokens sorted by id, plus one padding index, the last: errata 8), embedded, scaled by
-sqrt(hidden), run through one T5Gemma encoder layer whose attention soft-caps its logits
-(errata 7), mean-pooled over the real characters and projected. A continuation-flag and a
-BOS/EOS embedding from the checkpoint's buffers are added at every position.
-
-The output depends only on the token id, so ids known on the host are memoized, and ids that
-only live on the device are spelled by gathering rows of a padded character table built once.
+Each subword id is spelled in a dense character vocabulary (single-character tokens by id, then
+one padding index: errata 8), embedded, scaled by sqrt(hidden), run through one T5Gemma encoder
+layer with soft-capped logits (errata 7), mean-pooled and projected; continuation and BOS/EOS
+flag embeddings are added. Host-side ids are memoized; device ids gather a character table.
 """
 
 from __future__ import annotations

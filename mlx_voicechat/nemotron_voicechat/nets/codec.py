@@ -1,22 +1,11 @@
 """The speech codec of NemotronLabs VoiceChat (``tts_model.audio_codec.*``, NeMo's ``RVQVAEModel``).
 
-Waveform -> 16-point STFT -> causal ConvNeXt encoder -> one latent per 80 ms frame -> probabilistic
-residual VQ (31 codebooks) -> codes, and back: codes -> sum of the selected means -> causal
-ConvNeXt decoder with transposed-convolution upsampling -> magnitude/phase -> clamped iSTFT.
-
-Every convolution is causal (left padding) and every transposed convolution has stride equal to
-its kernel, so the decoder streams exactly: a ConvNeXt block needs its last ``kernel - 1`` inputs
-and the overlap-add needs its last ``n_fft - hop`` samples. The one thing a code frame cannot
-finish on its own is its last ``(n_fft - hop) // 2`` samples (6 at 22.05 kHz, 0.27 ms): they
-overlap the first STFT frames of the next code frame. ``decode_step`` therefore emits a stream
-delayed by ``stream_delay`` samples (silence before the first sample) and ``decode_flush`` emits
-the final ones; ``decode`` is that same path run once over the whole sequence.
-
-A live session decodes one code frame per call, and there every shape is fixed after the first
-frame, so that call runs as one ``mx.compile``'d function (the ``codec.step`` fast path, see
-:mod:`.fastpaths`) with the same arithmetic in the same order as the general path, bit for bit.
-A batch of conversations decodes one row each (:class:`CodecDecodeCache` with one row per
-conversation).
+Waveform -> STFT -> causal ConvNeXt encoder -> one latent per frame -> probabilistic
+residual VQ -> codes, and back through a causal ConvNeXt decoder and a clamped iSTFT.
+Everything is causal, so the decoder streams exactly, except the last ``(n_fft - hop) // 2``
+samples of a code frame, which overlap the next one: ``decode_step`` emits a stream delayed by
+``stream_delay`` samples and ``decode_flush`` the final ones; ``decode`` is that path run once.
+One frame per row on a warm cache runs the ``codec.step`` fast path (:mod:`.codec_step`).
 """
 
 from __future__ import annotations
@@ -191,7 +180,7 @@ class AudioCodec(nn.Module):
 
     @property
     def stream_delay(self) -> int:
-        """Samples by which ``decode_step``'s output lags the code frames (6 = 0.27 ms)."""
+        """Samples by which ``decode_step``'s output lags the code frames."""
         return (self.config.n_fft - self.config.hop_length) // 2
 
     # --- encoder ---------------------------------------------------------------------
@@ -275,11 +264,9 @@ class AudioCodec(nn.Module):
     ) -> Tuple[mx.array, CodecDecodeCache]:
         """Decode the next code frames [B, L, Q] -> ([B, L * samples_per_frame], cache).
 
-        The output stream lags ``decode`` by ``stream_delay`` samples: the first call starts
-        with that many zeros, and ``decode_flush`` returns the last samples once the stream
-        ends. So ``concat(steps)[:, delay:] ++ decode_flush == decode(all codes)``.
-        ``cache`` is updated in place and returned. One frame per row on a cache that has
-        decoded a frame runs as the ``codec.step`` fast path (same bits).
+        The stream lags ``decode`` by ``stream_delay`` samples (zeros first, the rest from
+        ``decode_flush``): ``concat(steps)[:, delay:] ++ decode_flush == decode(all codes)``.
+        ``cache`` is updated in place and returned.
         """
         if self.fast_step.applies(codes, cache):
             return self._fast_step(codes, cache)

@@ -1,20 +1,11 @@
 """The codec's one-frame decoder step (the ``codec.step`` fast path), and its decode state.
 
-Per frame the general path (``AudioCodec.decode_step``) dispatches some 250 small ops, and
-MLX's CPU convolutions are slower than matmuls that add the same products. :class:`FastStep`
-computes the very same sums as one compiled function, for one frame of each row of a batch:
-
-- the codebook gathers are one gather from the stacked codebooks, and a scan adds the selected
-  means in the general path's order;
-- a depthwise conv is the sum of its shifted, scaled inputs, tap by tap, as MLX's convolution
-  adds them;
-- the k1 and transposed (stride = kernel) convs are matmuls by weights copied once into
-  row-major ``[in, out]``, the BLAS's plain case (see ``nets/layout.py``); BLAS adds each
-  output's products in the same order either way;
-- the squared-window envelope is the same for every later frame: computed once.
-
-``tests/nemotron_voicechat/nets/test_codec_step.py`` checks that waves and caches match the
-general path bit for bit.
+:class:`FastStep` computes the same sums as ``AudioCodec.decode_step`` as one compiled
+function (the general path dispatches some 250 small ops per frame): the codebook gathers as
+one gather and a scan in the general path's order, a depthwise conv as its taps added as MLX's
+convolution adds them, the k1 and transposed convs as matmuls by weights copied once into
+row-major ``[in, out]`` (BLAS's plain case, same order of sums), the envelope computed once.
+``tests/nemotron_voicechat/nets/test_codec_step.py`` checks it bit for bit.
 """
 
 from __future__ import annotations

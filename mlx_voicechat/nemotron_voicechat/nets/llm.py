@@ -1,15 +1,11 @@
 """The Nemotron-H LLM of VoiceChat, run on fused input embeddings.
 
-The blocks, caches and masks are mlx-lm's (``mlx_lm.models.nemotron_h``); VoiceChat only
-changes what goes in (a fused embedding row per 80 ms frame, no token lookup) and what comes
-out (two heads on the ``norm_f`` output, owned by the caller).
-
-One frame is one token through the layers, for every row of a batch at once. Two fast paths
-(see :mod:`.fastpaths`): ``llm.step`` runs each Mamba mixer on one token as a recurrence
-(mlx-lm's chunked SSD scan at length 1 has a decay of ``exp(0) = 1`` and one-term inner
-products, so the values are the same) and each run of Mamba / MLP blocks between two
-attention layers as one compiled function; ``llm.row_attention`` runs an attention layer whose
-rows keep their own caches (:class:`~.caches.RowCaches`).
+mlx-lm's blocks, caches and masks (``mlx_lm.models.nemotron_h``) with a fused embedding row per
+frame in and ``norm_f`` out (the two heads are the caller's). Fast paths (:mod:`.fastpaths`):
+``llm.step`` runs a Mamba mixer on one token as a recurrence (the chunked SSD scan at length 1
+gives the same values) and each run of Mamba / MLP blocks between attention layers as one
+compiled function; ``llm.row_attention`` attends each row over its own cache
+(:class:`~.caches.RowCaches`).
 """
 
 from __future__ import annotations

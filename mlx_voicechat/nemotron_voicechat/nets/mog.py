@@ -1,16 +1,10 @@
 """EAR-TTS's speech sampling: the mixture-of-Gaussians head (``mog_head.*``) and the mask
 schedule that fills the codebooks.
 
-Per iteration of the schedule one MoG draw (a Gumbel-max component pick, a slightly noised
-latent) and a greedy nearest-code refinement of the residual over that iteration's codebooks.
-Rows come in guidance pairs (row ``2 b`` conditioned, ``2 b + 1`` not; see
-:mod:`.tts_backbone`); each conversation ``b`` draws from its own noise source (a
-:class:`~mlx_voicechat.noise.RowNoise` for several), so a batched draw is the one that
-conversation makes alone.
-
-The ``tts.sampling`` fast path (:mod:`.fastpaths`) runs the whole schedule as one compiled
-function on 2-D rows with each codebook's tables as ready inputs; the noise is drawn first, in
-the order and shapes the op-by-op path takes it, and goes in as arrays.
+Per iteration one MoG draw and a greedy nearest-code refinement over that iteration's codebooks.
+Rows come in guidance pairs (see :mod:`.tts_backbone`); each conversation draws from its own
+noise source (:class:`~mlx_voicechat.noise.RowNoise`). The ``tts.sampling`` fast path runs the
+whole schedule as one compiled function, its noise drawn first in the op-by-op path's order.
 """
 
 from __future__ import annotations

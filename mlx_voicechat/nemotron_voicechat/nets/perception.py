@@ -1,9 +1,5 @@
-"""Listening path, network 1: NeMo log-mel, causal FastConformer, projection to the LLM width.
-
-The FastConformer is :mod:`.encoder` (mlx-audio's blocks, chunked); the log-mel is
-:class:`.mel.LogMel` (NeMo's front-end) on the checkpoint's own window and filterbank; this module
-adds the projection to the LLM's audio channel.
-"""
+"""Listening path, network 1: NeMo log-mel (:class:`~mlx_voicechat.audio.mel.LogMel`) on the
+checkpoint's window and filterbank, the causal FastConformer, and the projection to the LLM."""
 
 from __future__ import annotations
 

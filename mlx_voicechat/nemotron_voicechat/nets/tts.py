@@ -1,16 +1,11 @@
 """EAR-TTS (``tts_model.tts_model.*``): text ids and previous codes in, one frame of codes out.
 
-A Gemma-3 backbone over injected embeddings (:mod:`.tts_backbone`) reads the gated fusion of
-the previous frame's code embedding and the current subword's character-aware embedding, in
-guidance pairs (row ``2 b`` conditioned on the text, row ``2 b + 1`` on ``null_emb``, for
-each conversation ``b`` of a batch). The mixture-of-Gaussians head then fills the codebooks
-(:mod:`.mog`).
-
-Per conversation: ``cache = tts.make_cache()``; ``prev, cache = tts.warmup(latent, init_codes,
-cache)``; then per frame ``codes, cache = tts.step(text_id, prev, cache, noise, silence_codes)``
-and ``prev = codes``. A batch's caches are the conversations' side by side
-(:class:`~.caches.RowCaches`), its ``prev`` their rows stacked, its noise a
-:class:`~mlx_voicechat.noise.RowNoise`.
+A Gemma-3 backbone (:mod:`.tts_backbone`) reads the gated fusion of the previous frame's code
+embedding and the subword's character-aware embedding in guidance pairs; the MoG head
+(:mod:`.mog`) fills the codebooks. Per conversation: ``cache = tts.make_cache()``,
+``prev, cache = tts.warmup(latent, init_codes, cache)``, then per frame
+``codes, cache = tts.step(text_id, prev, cache, noise, silence_codes)``. A batch stacks the
+conversations' rows, caches (:class:`~.caches.RowCaches`) and noise (``RowNoise``).
 """
 
 from __future__ import annotations
@@ -181,6 +176,6 @@ class EarTTS(nn.Module):
         noise: NoiseSource,
         silence_codes: mx.array,
     ) -> Tuple[mx.array, list]:
-        """One 80 ms frame: codes ``[B, Q]`` for the current text ids. No host sync inside."""
+        """One frame: codes ``[B, Q]`` for the current text ids. No host sync inside."""
         hidden = self.backbone(self.step_inputs(text_id, previous_code, silence_codes), cache)
         return self.generate_codes(hidden, noise), cache

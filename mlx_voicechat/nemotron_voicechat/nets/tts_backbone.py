@@ -1,15 +1,10 @@
 """EAR-TTS's backbone (``tts_model.tts_model.backbone.*``): Gemma-3 layers on injected embeddings.
 
-mlx-lm's ``gemma3_text`` blocks with our offset RMSNorms, without the sqrt(hidden) input
-scaling, the embedding and the head. Rows come in pairs for classifier-free guidance (row
-``2 b`` conditioned on the text, row ``2 b + 1`` on ``null_emb``); a batch of ``B``
-conversations has ``2 B`` rows, and each conversation keeps its own key / value caches (of
-two rows) in a :class:`~.caches.RowCaches`.
-
-One position on filled caches runs the ``tts.backbone_step`` fast path (:mod:`.fastpaths`):
-everything between two layers' caches as one compiled function (the end of layer ``i`` and the
-start of layer ``i + 1``), RoPE at each row's offset given as an array so one trace serves
-every position, and the attention over each conversation's caches outside.
+mlx-lm's ``gemma3_text`` blocks with offset RMSNorms and no input scaling, embedding or head.
+Rows come in guidance pairs (row ``2 b`` conditioned on the text, ``2 b + 1`` on ``null_emb``);
+each conversation keeps its own two-row caches in a :class:`~.caches.RowCaches`. The
+``tts.backbone_step`` fast path compiles everything between two layers' caches as one function,
+with RoPE offsets as an array (one trace for every position) and the attention outside.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""``mlx-voicechat convert``: any supported checkpoint to the mlx-community layout.
+"""``mlx-voicechat convert``: any supported checkpoint to the mlx-community layout (NeMo key
+names, PyTorch layouts), from NVIDIA's raw release, mlx-community (re-quantized or re-typed;
+quantized modules are dequantized first) or mlx-audio (MLX layouts turned back).
 
-Sources: NVIDIA's raw release (nested NeMo config, one float32 file, no tokenizer), an
-mlx-community checkpoint (re-quantize or change dtype; quantized modules are dequantized first)
-or an mlx-audio prepared one (MLX layouts, turned back into PyTorch layouts). The output keeps
-NeMo key names and PyTorch layouts, as mlx-community publishes them.
-
-The weights stream: every source file is opened lazily, and each output tensor is computed,
-written and dropped before the next, so peak memory stays near the largest tensor. Output goes
-to a temporary folder beside the target that is renamed at the end; any failure removes it.
+Weights stream: each output tensor is computed, written and dropped before the next, so peak
+memory stays near the largest tensor; output goes to a temporary folder renamed at the end.
 """
 
 from __future__ import annotations
@@ -33,7 +29,9 @@ from .loading import (
     TOKENIZER_PATTERNS,
     check_rnnt_vocabulary,
     check_write_options,
+    quantization_defaults,
     read_config,
+    read_safetensors,
     resolve_path,
     weight_files,
 )
@@ -50,7 +48,6 @@ from .writer import (
 )
 
 DTYPES = DTYPE_NAMES  # what --dtype takes
-TOKENIZER_FILES = TOKENIZER_PATTERNS
 # Kept in float32 whatever --dtype says: Mamba's A = -exp(A_log) amplifies rounding (mlx-vlm
 # keeps it too), and the log-mel filters and window are tiny buffers the front end is exact on.
 KEEP_FLOAT32 = ("A_log", "featurizer.fb", "featurizer.window")
@@ -77,17 +74,10 @@ class _Source:
     when it is evaluated)."""
 
     def __init__(self, folder: Path, config: VoiceChatConfig):
-        self.folder = folder
-        self.files = weight_files(folder)
         self.lazy: Dict[str, Dict[str, mx.array]] = {}
         self.where: Dict[str, str] = {}
-        for f in self.files:
-            try:
-                self.lazy[str(f)] = mx.load(str(f))
-            except Exception as e:
-                raise CheckpointError(
-                    f"{f} is not a readable safetensors file (corrupt or truncated?): {e}"
-                ) from None
+        for f in weight_files(folder):
+            self.lazy[str(f)] = read_safetensors(f)
             self.where.update({k: str(f) for k in self.lazy[str(f)]})
         self.units = self._group(config.quantization or {})
 
@@ -95,10 +85,7 @@ class _Source:
         quantized = {k[: -len(".scales")] for k in self.where if k.endswith(".scales")}
         if quantized and not quantization:
             raise CheckpointError("the weights are quantized but config.json has no quantization")
-        default = {
-            k: quantization.get(k, d)
-            for k, d in (("group_size", 64), ("bits", 4), ("mode", "affine"))
-        }
+        default = quantization_defaults(quantization)
         units, seen = [], set()
         for m in sorted(quantized):
             keys = tuple(
@@ -138,16 +125,8 @@ class _Source:
 
 
 class _Converter:
-    def __init__(
-        self,
-        source: _Source,
-        config: VoiceChatConfig,
-        model: nn.Module,
-        dtype,
-        quant: Dict,
-        layout: str,
-    ):
-        self.source, self.config, self.dtype, self.layout = source, config, dtype, layout
+    def __init__(self, source: _Source, model: nn.Module, dtype, quant: Dict, layout: str):
+        self.source, self.dtype, self.layout = source, dtype, layout
         self.shapes = rules.expected_shapes(model)
         self.conv_t = rules.conv_transpose_keys(model)
         self.quant = {k: v for k, v in quant.items() if isinstance(v, dict)}
@@ -201,7 +180,7 @@ class _Converter:
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_PATTERNS:
         if (src / name).exists():
             shutil.copy2(src / name, dst / name)
     cfg_path = dst / "tokenizer_config.json"
@@ -220,7 +199,7 @@ def _tokenizer_folder(tokenizer) -> Path:
     path = Path(tokenizer).expanduser()
     if path.is_file():
         return path.parent
-    return resolve_path(str(tokenizer), patterns=TOKENIZER_FILES, what="tokenizer folder")
+    return resolve_path(str(tokenizer), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
 
 
 def convert(
@@ -292,7 +271,7 @@ def convert(
             f"{group_size}; pick a smaller group size"
         )
     src = _Source(folder, config)
-    conv = _Converter(src, config, model, getattr(mx, dtype), quant, config.layout)
+    conv = _Converter(src, model, getattr(mx, dtype), quant, config.layout)
     conv.validate()
     specs = conv.plan()
     out_config = flat_config(config, quant or None, source=raw)

@@ -1,8 +1,5 @@
-"""Random-weight VoiceChat checkpoints, in every supported layout, at named scales.
-
-Tests, benchmarks and people trying the pipeline without the 11B weights use these. The scales
-are in :mod:`.scales`, the random values in :mod:`.random_init`; this module writes them in
-each layout (mlx-community flat, NVIDIA NeMo/Hydra, mlx-audio prepared). A checkpoint is a pure
+"""Random-weight VoiceChat checkpoints in every supported layout at named scales (:mod:`.scales`),
+for tests, benchmarks and trying the pipeline without the 11B weights. A checkpoint is a pure
 function of (scale, seed): the same arguments write the same bytes.
 """
 

@@ -1,14 +1,6 @@
-"""Loading a VoiceChat checkpoint in any supported layout.
-
-The layout is detected from what is on disk (see ``mlx_voicechat.config.VoiceChatConfig.from_dict``):
-
-* mlx-community: flat config, NeMo key names, PyTorch conv / LSTM layouts, sharded safetensors
-  with an index, per-module ``quantization`` map, ``tokenizer.json``;
-* NVIDIA raw release: nested NeMo/Hydra config, one float32 ``model.safetensors``, the LLM
-  tokenizer only if someone put it there (or ``tokenizer=``);
-* mlx-audio prepared: nested config + ``mlx_audio`` section, keys already in MLX layout.
-
-Loading is strict and never touches the network for a local path.
+"""Loading a VoiceChat checkpoint in any supported layout (mlx-community, NVIDIA's raw release,
+mlx-audio prepared), detected from what is on disk (``VoiceChatConfig.from_dict``). Loading is
+strict and never touches the network for a local path.
 """
 
 from __future__ import annotations
@@ -95,16 +87,18 @@ def weight_files(folder: Path) -> List[Path]:
     return files
 
 
+def read_safetensors(path: Path) -> Dict[str, mx.array]:
+    """One weight file's tensors, lazily (``mx.load`` reads a tensor when it is evaluated)."""
+    try:
+        return mx.load(str(path))
+    except Exception as e:
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (corrupt or truncated?): {e}"
+        ) from None
+
+
 def read_weights(files: List[Path]) -> Dict[str, mx.array]:
-    weights: Dict[str, mx.array] = {}
-    for f in files:
-        try:
-            weights.update(mx.load(str(f)))
-        except Exception as e:
-            raise CheckpointError(
-                f"{f} is not a readable safetensors file (corrupt or truncated?): {e}"
-            ) from None
-    return weights
+    return {k: v for f in files for k, v in read_safetensors(f).items()}
 
 
 # --- quantization -----------------------------------------------------------------------
@@ -112,6 +106,12 @@ def read_weights(files: List[Path]) -> Dict[str, mx.array]:
 GROUP_SIZES = (32, 64, 128)  # what MLX's affine quantization supports
 QUANTIZE_BITS = (2, 3, 4, 5, 6, 8)
 DTYPE_NAMES = ("bfloat16", "float16", "float32")  # what the writers take
+_QUANTIZATION_DEFAULTS = {"group_size": 64, "bits": 4, "mode": "affine"}
+
+
+def quantization_defaults(quantization: Dict[str, Any]) -> Dict[str, Any]:
+    """A quantization map's global entries, with mlx-lm's defaults for the missing ones."""
+    return {k: quantization.get(k, d) for k, d in _QUANTIZATION_DEFAULTS.items()}
 
 
 def check_group_size(group_size, what: str = "group size", error: type = CheckpointError) -> int:
@@ -148,11 +148,7 @@ def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], wei
             f"config.json quantization must be a JSON object, not {quantization!r}"
         )
     per_module = {k: v for k, v in quantization.items() if isinstance(v, dict)}
-    default = {
-        "group_size": quantization.get("group_size", 64),
-        "bits": quantization.get("bits", 4),
-        "mode": quantization.get("mode", "affine"),
-    }
+    default = quantization_defaults(quantization)
     for where, q in [("", default)] + [(f" for '{k}'", v) for k, v in per_module.items()]:
         q = {**default, **q}
         if q["mode"] == "affine":
@@ -229,11 +225,7 @@ def load_tokenizer(source: Union[str, Path, Any]):
     kwargs = {}
     cfg_path = folder / "tokenizer_config.json"
     if cfg_path.exists():
-        try:
-            with open(cfg_path, encoding="utf-8") as f:
-                cfg = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+        cfg = read_json(cfg_path, CheckpointError)
         for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
             if isinstance(cfg.get(k), str):
                 kwargs[k] = cfg[k]
@@ -308,10 +300,8 @@ def load(
         tokenizer: a folder / hub id with ``tokenizer.json`` or a tokenizer object; needed for
             NVIDIA's raw release, which ships none.
         lazy: leave the weights unevaluated (they load on first use).
-        model_class: the class to build from the config (default: the parameter tree,
-            :class:`mlx_voicechat.nemotron_voicechat.model.VoiceChatModel`);
-            :func:`mlx_voicechat.load` passes the
-            user-facing :class:`mlx_voicechat.nemotron_voicechat.Model`.
+        model_class: the class to build (default: the parameter tree, ``VoiceChatModel``;
+            :func:`mlx_voicechat.load` passes the user-facing ``Model``).
     """
     if model_class is None:
         from ..model import VoiceChatModel as model_class

@@ -49,14 +49,9 @@ def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: i
         elif len(shape) <= 1:
             out[name] = 0.05 * mx.random.normal(shape, key=k)
         else:
-            fan_in = (
-                math.prod(shape[1:])
-                if "embed" not in name
-                and "rvq" not in name
-                and "mus_list" not in name
-                and "latents" not in name
-                else 1
-            )
+            # Tables (embeddings, codebooks, latents) are drawn at unit scale.
+            table = any(t in name for t in ("embed", "rvq", "mus_list", "latents"))
+            fan_in = 1 if table else math.prod(shape[1:])
             out[name] = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
         out[name] = out[name].astype(p.dtype)
     return out

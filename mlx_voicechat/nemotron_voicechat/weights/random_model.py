@@ -1,10 +1,7 @@
-"""A random-weight VoiceChat model built in memory, on the default device, with no checkpoint
-written: the model :func:`mlx_voicechat.load` returns for the checkpoint the factory would
-write with the same arguments (same parameters bit for bit, same config and tokenizer).
-
-It is how a benchmark gets the real 11B dimensions (``scale="full"``) on a machine whose disk
-or time would not take a 9-22 GB checkpoint: the values are generated on the device, cast in
-groups of about a GiB, so the float32 draws of the whole model never exist at once.
+"""A random-weight VoiceChat model built in memory: what :func:`mlx_voicechat.load` returns for
+the checkpoint the factory would write with the same arguments (same bits, config and
+tokenizer). It gives benchmarks the real 11B dimensions (``scale="full"``) without writing a
+checkpoint; values are generated on the device and cast in groups of about a GiB.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ def random_model(
         quantize: 4 or 8 quantizes what the mlx-community checkpoints quantize (the LLM's
             mixer projections, its embedding and both heads); everything else keeps ``dtype``.
         dtype: ``float32``, ``bfloat16`` (the mlx-community checkpoints) or ``float16``.
-        model_class: the class to build (default: the parameter tree,
-            :class:`mlx_voicechat.nemotron_voicechat.model.VoiceChatModel`; pass
+        model_class: the class to build (default: the parameter tree, ``VoiceChatModel``; pass
             :class:`mlx_voicechat.nemotron_voicechat.Model` for ``generate`` / ``session``).
     """
     if model_class is None:

@@ -1,9 +1,7 @@
 """Checkpoint key and layout rules: NeMo/PyTorch layouts to this package's MLX layout and back.
 
-Every rule is gated on the key it finds and on the shape the model expects for that key, so a
-tensor already in MLX layout passes untouched and running ``sanitize`` twice changes nothing
-(errata 13). The same table, run backwards, writes the PyTorch layouts (checkpoint factory,
-converter).
+Every rule is gated on the key and on the shape the model expects, so MLX-layout tensors pass
+untouched and sanitizing twice changes nothing (errata 13).
 """
 
 from __future__ import annotations

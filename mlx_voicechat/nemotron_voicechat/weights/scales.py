@@ -1,9 +1,6 @@
 """Named scales of the random-weight model (``tiny`` for tests, ``small`` / ``medium`` for
 benchmarks, ``full`` for the real 11B dimensions) and the small tokenizers that go with them.
-
-The structural constants are the real model's (128 mels, [70, 0] attention context, conv kernel
-9, 31 codebooks, 1764 samples per frame, 8 TTS iterations, ids bos 1 / eos 2 / pad 12 /
-silence 11); widths, layer counts, codebook size and vocabulary shrink with the scale.
+Only widths, layer counts, codebook size and vocabulary shrink; the rest is the real model's.
 """
 
 from __future__ import annotations
@@ -27,122 +24,69 @@ _CORPUS = (
 )
 
 
-def _scale_presets() -> Dict[str, Dict[str, Any]]:
-    tiny_text = {
-        "vocab_size": 400,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "mamba_num_heads": 8,
-        "mamba_head_dim": 16,
-        "ssm_state_size": 16,
-        "n_groups": 2,
-        "hybrid_override_pattern": "M-M*-M",
-        "max_position_embeddings": 4096,
-    }
-    medium_pattern = NEMOTRON_NANO_9B_V2["hybrid_override_pattern"]
-    return {
-        "tiny": {
-            "text": tiny_text,
-            "encoder": {
-                "n_layers": 2,
-                "d_model": 48,
-                "n_heads": 4,
-                "subsampling_conv_channels": 32,
-            },
-            "rnnt": {"vocab": 40, "pred_hidden": 32, "joint_hidden": 40},
-            "tts": {
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_hidden_layers": 6,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 4,
-                "head_dim": 16,
-                "sliding_window": 16,
-                "query_pre_attn_scalar": 64,
-                "latent_size": 32,
-                "codebook_size": 64,
-            },
-            "mog": {"intermediate_size": 128, "low_rank": 8, "num_predictions": 32},
-            "codec": {"base_channels": 16, "latent_dim": 32, "codebook_size": 64},
-        },
-        "small": {
-            "text": {
-                **tiny_text,
-                "vocab_size": 32768,
-                "hidden_size": 256,
-                "intermediate_size": 512,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "mamba_num_heads": 16,
-                "mamba_head_dim": 32,
-                "ssm_state_size": 32,
-                "hybrid_override_pattern": "M-M-M*-M-M-M*-M-",
-            },
-            "encoder": {
-                "n_layers": 6,
-                "d_model": 128,
-                "n_heads": 4,
-                "subsampling_conv_channels": 64,
-            },
-            "rnnt": {"vocab": 256, "pred_hidden": 128, "joint_hidden": 128},
-            "tts": {
-                "hidden_size": 128,
-                "intermediate_size": 256,
-                "num_hidden_layers": 6,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 4,
-                "head_dim": 32,
-                "sliding_window": 7500,
-                "query_pre_attn_scalar": 256,
-                "latent_size": 64,
-                "codebook_size": 1024,
-            },
-            "mog": {"intermediate_size": 256, "low_rank": 16, "num_predictions": 256},
-            "codec": {"base_channels": 32, "latent_dim": 64, "codebook_size": 1024},
-        },
-        "medium": {
-            "text": {
-                **tiny_text,
-                "vocab_size": 131072,
-                "hidden_size": 256,
-                "intermediate_size": 896,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "mamba_num_heads": 8,
-                "mamba_head_dim": 64,
-                "ssm_state_size": 32,
-                "n_groups": 8,
-                "hybrid_override_pattern": medium_pattern,
-                "max_position_embeddings": 131072,
-            },
-            "encoder": {
-                "n_layers": 24,
-                "d_model": 128,
-                "n_heads": 8,
-                "subsampling_conv_channels": 64,
-            },
-            "rnnt": {"vocab": 1024, "pred_hidden": 128, "joint_hidden": 128},
-            "tts": {
-                "hidden_size": 128,
-                "intermediate_size": 512,
-                "num_hidden_layers": 28,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 4,
-                "head_dim": 32,
-                "sliding_window": 7500,
-                "query_pre_attn_scalar": 256,
-                "latent_size": 128,
-                "codebook_size": 1024,
-            },
-            "mog": {"intermediate_size": 512, "low_rank": 16, "num_predictions": 1024},
-            "codec": {"base_channels": 32, "latent_dim": 128, "codebook_size": 1024},
-        },
-    }
+# Each value per preset scale: (tiny, small, medium); ``full`` is the real model.
+_PRESETS = {
+    "text": {
+        "vocab_size": (400, 32768, 131072),
+        "hidden_size": (64, 256, 256),
+        "intermediate_size": (96, 512, 896),
+        "num_attention_heads": (4, 8, 8),
+        "num_key_value_heads": (2, 2, 2),
+        "head_dim": (16, 32, 32),
+        "mamba_num_heads": (8, 16, 8),
+        "mamba_head_dim": (16, 32, 64),
+        "ssm_state_size": (16, 32, 32),
+        "n_groups": (2, 2, 8),
+        "hybrid_override_pattern": (
+            "M-M*-M",
+            "M-M-M*-M-M-M*-M-",
+            NEMOTRON_NANO_9B_V2["hybrid_override_pattern"],
+        ),
+        "max_position_embeddings": (4096, 4096, 131072),
+    },
+    "encoder": {
+        "n_layers": (2, 6, 24),
+        "d_model": (48, 128, 128),
+        "n_heads": (4, 4, 8),
+        "subsampling_conv_channels": (32, 64, 64),
+    },
+    "rnnt": {
+        "vocab": (40, 256, 1024),
+        "pred_hidden": (32, 128, 128),
+        "joint_hidden": (40, 128, 128),
+    },
+    "tts": {
+        "hidden_size": (64, 128, 128),
+        "intermediate_size": (128, 256, 512),
+        "num_hidden_layers": (6, 6, 28),
+        "num_attention_heads": (4, 4, 4),
+        "num_key_value_heads": (4, 4, 4),
+        "head_dim": (16, 32, 32),
+        "sliding_window": (16, 7500, 7500),
+        "query_pre_attn_scalar": (64, 256, 256),
+        "latent_size": (32, 64, 128),
+        "codebook_size": (64, 1024, 1024),
+    },
+    "mog": {
+        "intermediate_size": (128, 256, 512),
+        "low_rank": (8, 16, 16),
+        "num_predictions": (32, 256, 1024),
+    },
+    "codec": {
+        "base_channels": (16, 32, 32),
+        "latent_dim": (32, 64, 128),
+        "codebook_size": (64, 1024, 1024),
+    },
+}
+# The character encoder is built to the backbone's sizes.
+_CHAR_FROM_TTS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "query_pre_attn_scalar",
+)
 
 
 SCALES = ("tiny", "small", "medium", "full")
@@ -152,12 +96,12 @@ def scale_config(scale: str = "tiny") -> VoiceChatConfig:
     """The config of a named scale; ``full`` is the real 11B model."""
     if scale == "full":
         return VoiceChatConfig(rnnt_vocabulary=_rnnt_pieces(1024))
-    presets = _scale_presets()
-    if scale not in presets:
+    if scale not in SCALES:
         raise VoiceChatError(f"unknown scale {scale!r}; choose one of {', '.join(SCALES)}")
-    p = presets[scale]
+    i = SCALES.index(scale)
+    p = {part: {k: v[i] for k, v in table.items()} for part, table in _PRESETS.items()}
     text = {**NEMOTRON_NANO_9B_V2, **p["text"]}
-    text.pop("num_hidden_layers", None)
+    del text["num_hidden_layers"]  # written again last, as the checkpoints have it
     text["num_hidden_layers"] = len(text["hybrid_override_pattern"])
     enc, rnnt, tts, mog, codec = p["encoder"], p["rnnt"], p["tts"], p["mog"], p["codec"]
     d = {
@@ -180,14 +124,7 @@ def scale_config(scale: str = "tiny") -> VoiceChatConfig:
         },
         "tts_config": {
             **tts,
-            "character_encoder": {
-                "hidden_size": tts["hidden_size"],
-                "intermediate_size": tts["intermediate_size"],
-                "num_attention_heads": tts["num_attention_heads"],
-                "num_key_value_heads": tts["num_key_value_heads"],
-                "head_dim": tts["head_dim"],
-                "query_pre_attn_scalar": tts["query_pre_attn_scalar"],
-            },
+            "character_encoder": {k: tts[k] for k in _CHAR_FROM_TTS},
             "mog_head": mog,
         },
         "codec_config": {**codec, "num_quantizers": 31},

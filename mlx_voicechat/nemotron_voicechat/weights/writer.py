@@ -1,10 +1,6 @@
-"""Writing checkpoints in the mlx-community layout: one implementation for the factory and the
-converter.
-
-Shards are written tensor by tensor (header first, then each tensor's bytes as soon as it is
-computed), so writing never needs the whole shard in memory. The flat config uses mlx-vlm's
-key set (``mlx_vlm.models.nemotron_voicechat.convert``), plus any field whose value a reader of
-that key set would get wrong.
+"""Writing checkpoints in the mlx-community layout, for the factory and the converter: the flat
+config (mlx-vlm's key set, plus any field a reader of that set would get wrong) and safetensors
+shards streamed tensor by tensor, so writing never holds a whole shard in memory.
 """
 
 from __future__ import annotations
@@ -298,10 +294,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.size
-        for s in self.shape:
-            n *= s
-        return n
+        return self.dtype.size * math.prod(self.shape)
 
 
 def plan_shards(
