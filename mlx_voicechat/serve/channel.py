@@ -1,11 +1,6 @@
-"""What a WebSocket connection is on the asyncio side, whatever its protocol: the driver's
-inbox, a bounded send queue and its writer, a reader that waits while the client has many
-events still to read, and the two ways a connection ends (``stop``: now; ``fail``: an error
-event, then the close once the events before it are sent).
-
-:class:`~.connection.Conversation` (duplex) and
-:class:`~.transcription_connection.TranscriptionConversation` add their protocol's commands and
-the driver that runs them on the worker.
+"""A WebSocket connection on the asyncio side, whatever its protocol: the driver's inbox, a bounded
+send queue and its writer, a reader that waits while the client has many events still to read,
+and the two ways a connection ends (``stop``: now; ``fail``: an error event, then the close).
 """
 
 import asyncio

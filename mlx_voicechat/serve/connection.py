@@ -1,12 +1,7 @@
-"""One WebSocket connection: four asyncio tasks around the protocol and the worker.
-
-A reader (client events through the protocol; it waits while the client has many replies
-still to read), a driver (the protocol's commands to the worker, a few frames per job so that a
-cancel or a disconnect waits for at most one short job), a writer (a bounded queue of server
-events; a client that stops reading fills it and is dropped), a clock (silence at real time when
-the client falls behind, and the lag bound) and the idle bound (no client audio for
-``idle_timeout`` seconds closes the connection); the queues, the reader and the writer are
-:class:`~.channel.Channel`'s. :class:`~.server.Server` is what the connections share.
+"""One duplex WebSocket connection: a :class:`~.channel.Channel` (reader, writer) plus a driver
+(the protocol's commands to the worker, a few frames per job so a cancel waits at most one short
+job), a clock (silence at real time while the client is behind; the lag bound) and the idle
+bound. :class:`~.server.Server` is what the connections share.
 """
 
 import asyncio

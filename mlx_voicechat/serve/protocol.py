@@ -1,14 +1,9 @@
 """The OpenAI Realtime protocol (GA names) for a full-duplex model, as a socket-free state machine.
 
-Client events go in (:meth:`Realtime.receive`, one raw WebSocket text message at a time); server
-events come out as dicts, and :class:`Command` objects tell the worker what to do with the
-session (start it, feed samples, commit, clear, cancel). The worker's :class:`FrameEvent` lists go
-back in through :meth:`Realtime.frames`, which derives the response lifecycle from the model's
-own turns: a response opens at a frame whose ``turn`` is ``"start"`` and closes at ``"end"``.
-
-Audio is resampled here, at the edges, with stateful soxr streams (no seam at chunk joins):
-client PCM16 at the input rate (24 kHz by default, 16 kHz passed through) to the model's 16 kHz,
-and the model's 22.05 kHz speech to the output rate (24 kHz by default, 22.05 kHz passed through).
+:meth:`Realtime.receive` turns one client message into server events and worker
+:class:`Command` objects; :meth:`Realtime.frames` turns the model's frames into events (a
+response opens at a frame whose ``turn`` is ``"start"`` and closes at ``"end"``). Audio is
+resampled here with stateful streams (no seam at chunk joins).
 """
 
 from __future__ import annotations

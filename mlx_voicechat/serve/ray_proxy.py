@@ -1,16 +1,9 @@
-"""What the Ray Serve deployment (:mod:`.ray_app`) plugs into Ray's own proxy and routers.
+"""What the Ray Serve deployment (:mod:`.ray_app`) plugs into Ray's proxy and routers (no MLX).
 
-:class:`SessionRouter` is the request router of the deployment: a new connection goes to the
-replica with the fewest ongoing requests among all those whose model is ready (not two drawn
-at random, as Ray's default router does; connections that arrive together are spread), so a
-full replica is chosen only when every replica is full, and it then answers ``server_busy``
-itself.
-
-:class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection whose
-replica went away (its process died or was stopped) gets an ``error`` event with code
-``replica_lost`` and the close code :data:`CLOSE_REPLICA_LOST` instead of a dropped socket.
-
-Neither imports MLX: both run in Ray's proxy processes.
+:class:`SessionRouter` sends a new connection to the ready replica with the fewest ongoing
+requests (not two drawn at random, as Ray's default does), so a full replica is chosen only
+when all are full. :class:`ReplicaLossMiddleware` gives a connection whose replica went away
+an ``error`` event ``replica_lost`` and close :data:`CLOSE_REPLICA_LOST`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """OpenAI Realtime *transcription* sessions (``session.type: "transcription"``, GA names), as a
-socket-free state machine like :mod:`.protocol`.
-
-The client streams ``input_audio_buffer.append``; the transcript of the current item comes back
-as ``conversation.item.input_audio_transcription.delta`` events while the audio arrives (each
-80 ms frame's words as soon as the model has them), and ``input_audio_buffer.commit`` ends the
-item: ``input_audio_buffer.committed``, then ``conversation.item.input_audio_transcription
-.completed`` with the whole transcript (and the detected language). The next append opens the
-next item. Served by a Nemotron-3.5-ASR recognizer (its language prompt from
-``audio.input.transcription.language``) or by a VoiceChat checkpoint's RNNT head. There is no
-server VAD (``turn_detection`` must be null): the client commits.
+socket-free state machine like :mod:`.protocol`: appends stream transcript deltas of the
+current item, a commit completes it (with the detected language). Served by a Nemotron-3.5-ASR
+recognizer or a VoiceChat checkpoint's RNNT head; no server VAD (the client commits).
 """
 
 from __future__ import annotations

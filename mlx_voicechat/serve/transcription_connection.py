@@ -1,13 +1,9 @@
 """Transcription connections: the asyncio side of :mod:`.transcription`.
 
-:func:`serve_connection` is what the app runs per WebSocket: on a Nemotron-3.5-ASR server
-every connection is a transcription session; on a VoiceChat server a connection is the duplex
-:class:`~.connection.Conversation` until its first client event asks for
-``session.type: "transcription"`` before any audio, and from then on a transcription session on
-the model's RNNT head. A :class:`TranscriptionConversation` has three tasks (the reader and the
-writer with its bounded queue of :class:`~.channel.Channel`, as the duplex one has, and its own
-driver on the shared worker thread), without the clock: a transcript needs no silence fed at
-real time.
+:func:`serve_connection` runs each WebSocket: on a recognizer every connection transcribes; on
+a VoiceChat server a connection is duplex until a first ``session.update`` asks for
+``"transcription"`` before any audio. A :class:`TranscriptionConversation` has no clock: a
+transcript needs no silence fed at real time.
 """
 
 from __future__ import annotations

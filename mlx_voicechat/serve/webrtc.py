@@ -1,18 +1,11 @@
-"""WebRTC for the Realtime server (``POST /v1/realtime/calls``), as OpenAI's Realtime API offers
-it, and the client secrets a browser connects with (``POST /v1/realtime/client_secrets``).
+"""WebRTC for the Realtime server (``POST /v1/realtime/calls``) and the client secrets a browser
+connects with (``POST /v1/realtime/client_secrets``), as OpenAI's Realtime API offers them.
 
-A client POSTs an SDP offer (``application/sdp``, or ``multipart/form-data`` with an ``sdp``
-part and a ``session`` JSON part) and gets the SDP answer. Audio flows as Opus over RTP (48 kHz
-on the wire, one track each way); the Realtime events travel as JSON text on the data channel
-the client opens (``oai-events``), the same events as on ``/v1/realtime`` except the model's
-audio: it goes out on the track, not as ``response.output_audio.delta`` events, and
-``output_audio_buffer.started`` / ``.stopped`` say when it starts and ends playing, as OpenAI's
-WebRTC sessions do.
-
-This module holds the routes (the offer's checks, the secrets, CORS, the hangup);
-:mod:`.webrtc_call` holds a call itself (the peer connection, its tracks, the conversation).
-aiortc (the ``[webrtc]`` extra) is imported only when a call comes; without it the endpoint
-answers 501 with what to install.
+The offer is ``application/sdp`` or ``multipart/form-data`` (``sdp`` and ``session`` parts);
+audio is Opus on one track each way, the events JSON on the ``oai-events`` data channel (the
+model's audio is on the track, with ``output_audio_buffer.started`` / ``.stopped``). This
+module holds the routes; :mod:`.webrtc_call` a call. Without aiortc (the ``[webrtc]`` extra)
+the endpoint answers 501.
 """
 
 import asyncio
