@@ -11,6 +11,8 @@ import time
 from collections import deque
 from typing import List, Optional
 
+from ..errors import VoiceChatError
+
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
 HANDED_OVER = "handed_over"  # ended_by of a run whose connection goes on in another kind
@@ -104,6 +106,21 @@ class Channel:
     def drop_work(self) -> None:
         """On ``fail``: forget the work queued for the session."""
         self.inbox.clear()
+
+    async def _job(self, job, what: str = "session") -> bool:
+        """Await one job of the driver; False when it failed and ended the connection: the
+        session's own error as ``session_error`` (1008), anything else as a bug,
+        ``server_error`` (1011, its traceback in the log)."""
+        try:
+            await job
+        except VoiceChatError as e:
+            self.fail("session_error", str(e), CLOSE_POLICY)
+            return False
+        except Exception as e:
+            log.exception("%s job failed", what)
+            self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+            return False
+        return True
 
     def take(self, raw) -> bool:
         """One client message; False ends the reader."""
