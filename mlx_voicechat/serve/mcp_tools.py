@@ -280,9 +280,8 @@ class McpTools:
         a = s.approval
         if isinstance(a, str):
             return a == "always"
-        if tool in (_names(a.get("never"), "never") or ()):
-            return False
-        return True  # "always" named, or not named in "never": asked, as OpenAI does
+        # "always" named, or not named in "never": asked, as OpenAI does
+        return tool not in (_names(a.get("never"), "never") or ())
 
     def _own_response(self) -> Tuple[str, Event]:
         p = self.p

@@ -101,21 +101,20 @@ class TranscriptionRealtime(EventSource):
     # -- client events --
 
     def receive(self, raw) -> Tuple[List[Event], List[Command]]:
+        def refused(code: str, message: str):
+            return [self.error(code, message)], []
+
         if isinstance(raw, (bytes, bytearray)):
-            return [self.error("invalid_event", "binary messages are not events; send JSON")], []
+            return refused("invalid_event", "binary messages are not events; send JSON")
         if len(raw.encode("utf-8", "surrogatepass")) > MAX_EVENT_BYTES:
-            return [
-                self.error(
-                    "event_too_large",
-                    f"the event is larger than {MAX_EVENT_BYTES} bytes (send smaller appends)",
-                )
-            ], []
+            message = f"the event is larger than {MAX_EVENT_BYTES} bytes (send smaller appends)"
+            return refused("event_too_large", message)
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError) as e:
-            return [self.error("invalid_json", f"the event is not valid JSON: {e}")], []
+            return refused("invalid_json", f"the event is not valid JSON: {e}")
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            return [self.error("invalid_event", "an event is a JSON object with a `type`")], []
+            return refused("invalid_event", "an event is a JSON object with a `type`")
         client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         type_ = event["type"]
         handler = _HANDLERS.get(type_)
