@@ -24,12 +24,9 @@ log = logging.getLogger("mlx_voicechat.serve")
 def lag_message(
     lag: float, bound: float, audio: float, elapsed: float, fed: float, client_seconds: float
 ) -> str:
-    """The message of ``lag_exceeded``: the model is ``lag`` seconds behind the audio (past
-    ``bound``), and which side is behind. Over the last ``elapsed`` seconds of wall clock the
-    connection took in ``audio`` seconds of input (the client's ``client_seconds`` and any
-    silence the server fed) and the model ``fed`` seconds of it: the input ahead of the clock
-    (``audio - elapsed``) and the model behind the clock (``elapsed - fed``) make the lag, and
-    the larger of the two is named."""
+    """The message of ``lag_exceeded`` (``lag`` seconds behind, past ``bound``), naming the
+    side that is further behind: over ``elapsed`` seconds the connection took in ``audio``
+    seconds (``client_seconds`` of them the client's) and fed the model ``fed`` seconds."""
     if audio - elapsed > elapsed - fed:
         why = (
             f"the client sent audio faster than real time ({client_seconds:.1f} s of audio in "

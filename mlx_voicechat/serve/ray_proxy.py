@@ -31,13 +31,10 @@ PENDING_SECONDS = 5.0  # a choice not confirmed as routed by then no longer coun
 
 
 class SessionRouter(FIFOMixin, RequestRouter):
-    """Orders the replicas by :func:`replica_rank` (from the stats each replica's
-    ``record_routing_stats`` reports), then by their load: the ongoing requests Ray last heard
-    of (its queue-length cache: sessions, but for a moment's HTTP request) plus the connections
-    this router chose for the replica that Ray has not confirmed yet. Each replica is a rank of
-    its own, so Ray takes the first that is not full. Counting the choices in flight keeps
-    connections that arrive together apart: they would all see the same cached lengths and go
-    to one replica, which would then refuse the last ones as busy while another had room."""
+    """Orders the replicas by :func:`replica_rank`, then by load: Ray's cached queue length
+    plus this router's choices Ray has not confirmed yet (connections that arrive together
+    would otherwise all see the same cached lengths and crowd one replica, which would refuse
+    the last as busy while another had room). Ray takes the first replica that is not full."""
 
     @property
     def _pending(self) -> dict:

@@ -149,12 +149,9 @@ def mono_float(frame) -> np.ndarray:
 
 
 class LiveJitterBuffer:
-    """In place of aiortc's audio jitter buffer, which holds every packet until four more have
-    come and, at a lost one, stalls until sixteen have (320 ms), then drops frames to catch up:
-    each Opus packet is decoded as it arrives; one older than the newest already taken (late,
-    reordered, or repeated) is dropped, and its time, like a lost packet's, is heard as silence
-    (:meth:`RtcConversation._listen` fills the gaps in the RTP timeline). The server never
-    waits on a packet."""
+    """In place of aiortc's audio jitter buffer (which stalls up to 320 ms at a lost packet):
+    each packet is decoded as it arrives; one older than the newest taken is dropped, and its
+    time, like a lost packet's, is heard as silence (:meth:`RtcConversation._listen`)."""
 
     capacity = 1
 
