@@ -73,7 +73,6 @@ class TranscriptionRealtime(EventSource):
         self.item: Optional[str] = None  # the item the audio goes to
         self.previous: Optional[str] = None
         self.text = ""  # the current item's transcript so far
-        self.items_done = 0
 
     def session_object(self) -> dict:
         return {
@@ -237,7 +236,6 @@ class TranscriptionRealtime(EventSource):
         more = {"languages": [{"code": language}]} if language else {}
         out.append(self.transcript_completed(self.item, self.text, round(seconds, 3), **more))
         self.previous, self.item, self.text = self.item, None, ""
-        self.items_done += 1
         return out
 
 

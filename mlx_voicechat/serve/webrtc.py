@@ -20,7 +20,6 @@ from .webrtc_call import Call, LiveJitterBuffer  # noqa: F401  (LiveJitterBuffer
 
 ICE_TIMEOUT = 20.0  # seconds a call waits for its connection (ICE, DTLS, the data channel)
 MAX_SDP_BYTES = 64 << 10
-EVENTS_CHANNEL = "oai-events"
 SDP_TYPES = ("application/sdp",)
 
 
