@@ -24,16 +24,13 @@ MAX_REQUESTS = 16  # response.create requests that may wait for the model at onc
 REQUEST_WAIT_FRAMES = 25  # a requested response the model leaves unused completes empty (2 s)
 
 
+def _item(item_id: str, kind: str, **fields) -> dict:
+    """A conversation item: ``id``, ``object``, ``type``, then ``fields`` in their order."""
+    return {"id": item_id, "object": "realtime.item", "type": kind, **fields}
+
+
 def _message(item_id: str, role: str, status: str, content: list) -> dict:
-    """A ``message`` item of the conversation."""
-    return {
-        "id": item_id,
-        "object": "realtime.item",
-        "type": "message",
-        "role": role,
-        "status": status,
-        "content": content,
-    }
+    return _item(item_id, "message", role=role, status=status, content=content)
 
 
 class Responses:
@@ -173,15 +170,14 @@ class Responses:
         r = self.response
         calls = r["calls"]
         index = len(calls) + (0 if own else 1)
-        item = {
-            "id": _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": "in_progress",
-            "name": call.name,
-            "call_id": call.call_id,
-            "arguments": "",
-        }
+        item = _item(
+            _new_id("item"),
+            "function_call",
+            status="in_progress",
+            name=call.name,
+            call_id=call.call_id,
+            arguments="",
+        )
         ref = dict(
             response_id=r["id"], item_id=item["id"], output_index=index, call_id=call.call_id
         )
@@ -328,14 +324,10 @@ class Responses:
         if not isinstance(output, str):
             raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
         del self.calls[call_id]
-        done = {
-            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call_output",
-            "call_id": call_id,
-            "output": output,
-            "status": "completed",
-        }
+        item_id = item.get("id") if isinstance(item.get("id"), str) else _new_id("item")
+        done = _item(
+            item_id, "function_call_output", call_id=call_id, output=output, status="completed"
+        )
         events = [self.record.add(done), self.record.done(done)]
         return events, [ToolResult(call_id, output)]
 
