@@ -1,10 +1,7 @@
-"""The Realtime server's FastAPI app: WebSocket ``/v1/realtime``, ``/health``, ``/metrics``,
-``/v1/models`` and the web page; :class:`ServerThread` serves it on a background thread (tests,
-benchmarks), :class:`GracefulServer` is the uvicorn server ``serve`` runs it with (a signal
-ends every conversation with an error event and close 1012, within ``--shutdown-timeout``).
-
-Sockets live on the asyncio loop, every MLX call on the process's one worker thread
-(:mod:`.worker`); each connection is a :class:`~.connection.Conversation`.
+"""The Realtime server's FastAPI app (WebSocket ``/v1/realtime``, ``/health``, ``/metrics``,
+``/v1/models``, the web page); :class:`ServerThread` serves it on a background thread (tests,
+benchmarks), :func:`graceful_server` makes the uvicorn server ``serve`` runs. Sockets live on
+the asyncio loop, every MLX call on the one worker thread (:mod:`.worker`).
 """
 
 import asyncio

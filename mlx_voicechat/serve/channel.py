@@ -1,11 +1,6 @@
-"""What a WebSocket connection is on the asyncio side, whatever its protocol: the driver's
-inbox, a bounded send queue and its writer, a reader that waits while the client has many
-events still to read, and the two ways a connection ends (``stop``: now; ``fail``: an error
-event, then the close once the events before it are sent).
-
-:class:`~.connection.Conversation` (duplex) and
-:class:`~.transcription_connection.TranscriptionConversation` add their protocol's commands and
-the driver that runs them on the worker.
+"""A WebSocket connection on the asyncio side, whatever its protocol: the driver's inbox, a bounded
+send queue and its writer, a reader that waits while the client has many events still to read,
+and the two ways a connection ends (``stop``: now; ``fail``: an error event, then the close).
 """
 
 import asyncio
@@ -15,6 +10,8 @@ import logging
 import time
 from collections import deque
 from typing import List, Optional
+
+from ..errors import VoiceChatError
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
@@ -27,12 +24,9 @@ log = logging.getLogger("mlx_voicechat.serve")
 def lag_message(
     lag: float, bound: float, audio: float, elapsed: float, fed: float, client_seconds: float
 ) -> str:
-    """The message of ``lag_exceeded``: the model is ``lag`` seconds behind the audio (past
-    ``bound``), and which side is behind. Over the last ``elapsed`` seconds of wall clock the
-    connection took in ``audio`` seconds of input (the client's ``client_seconds`` and any
-    silence the server fed) and the model ``fed`` seconds of it: the input ahead of the clock
-    (``audio - elapsed``) and the model behind the clock (``elapsed - fed``) make the lag, and
-    the larger of the two is named."""
+    """The message of ``lag_exceeded`` (``lag`` seconds behind, past ``bound``), naming the
+    side that is further behind: over ``elapsed`` seconds the connection took in ``audio``
+    seconds (``client_seconds`` of them the client's) and fed the model ``fed`` seconds."""
     if audio - elapsed > elapsed - fed:
         why = (
             f"the client sent audio faster than real time ({client_seconds:.1f} s of audio in "
@@ -109,6 +103,21 @@ class Channel:
     def drop_work(self) -> None:
         """On ``fail``: forget the work queued for the session."""
         self.inbox.clear()
+
+    async def _job(self, job, what: str = "session") -> bool:
+        """Await one job of the driver; False when it failed and ended the connection: the
+        session's own error as ``session_error`` (1008), anything else as a bug,
+        ``server_error`` (1011, its traceback in the log)."""
+        try:
+            await job
+        except VoiceChatError as e:
+            self.fail("session_error", str(e), CLOSE_POLICY)
+            return False
+        except Exception as e:
+            log.exception("%s job failed", what)
+            self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+            return False
+        return True
 
     def take(self, raw) -> bool:
         """One client message; False ends the reader."""

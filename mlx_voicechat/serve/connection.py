@@ -1,12 +1,7 @@
-"""One WebSocket connection: four asyncio tasks around the protocol and the worker.
-
-A reader (client events through the protocol; it waits while the client has many replies
-still to read), a driver (the protocol's commands to the worker, a few frames per job so that a
-cancel or a disconnect waits for at most one short job), a writer (a bounded queue of server
-events; a client that stops reading fills it and is dropped), a clock (silence at real time when
-the client falls behind, and the lag bound) and the idle bound (no client audio for
-``idle_timeout`` seconds closes the connection); the queues, the reader and the writer are
-:class:`~.channel.Channel`'s. :class:`~.server.Server` is what the connections share.
+"""One duplex WebSocket connection: a :class:`~.channel.Channel` (reader, writer) plus a driver
+(the protocol's commands to the worker, a few frames per job so a cancel waits at most one short
+job), a clock (silence at real time while the client is behind; the lag bound) and the idle
+bound. :class:`~.server.Server` is what the connections share.
 """
 
 import asyncio
@@ -16,7 +11,6 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import VoiceChatError
 from ..nemotron_voicechat.runtime.tools import ToolError
 from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
 from .mcp_runner import McpRunner
@@ -81,21 +75,16 @@ class Conversation(Channel):
         return (self.position - self.consumed) / MODEL_INPUT_RATE
 
     def check_lag(self) -> None:
-        if self.lag_seconds > self.server.max_lag_seconds:
-            self.fail("lag_exceeded", self._lag_message(), CLOSE_TRY_AGAIN)
-
-    def _lag_message(self) -> str:
-        """Which side is behind, counted from the session's start (the clock feeds silence at
-        real time, so the input keeps up with the wall clock while the client is quiet)."""
+        """Past ``max_lag_seconds``: ``lag_exceeded``, which side is behind counted from the
+        session's start (the clock keeps the input up with the wall clock while the client is
+        quiet)."""
+        if self.lag_seconds <= self.server.max_lag_seconds:
+            return
         elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
-        return lag_message(
-            self.lag_seconds,
-            self.server.max_lag_seconds,
-            self.position / MODEL_INPUT_RATE,
-            elapsed,
-            self.consumed / MODEL_INPUT_RATE,
-            self.client_seconds,
-        )
+        audio, fed = self.position / MODEL_INPUT_RATE, self.consumed / MODEL_INPUT_RATE
+        bound = self.server.max_lag_seconds
+        why = lag_message(self.lag_seconds, bound, audio, elapsed, fed, self.client_seconds)
+        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
 
     def command(self, c) -> None:
         if isinstance(c, Start):
@@ -216,21 +205,6 @@ class Conversation(Channel):
             c = self.inbox.popleft()
             if await self._job(self._execute(c, worker)) and isinstance(c, Commit):
                 self.drain = {"fed": 0, "done": self.protocol.responses_done}
-
-    async def _job(self, job) -> bool:
-        """Await one job of the driver; False when it failed and ended the connection: the
-        session's own error as ``session_error`` (1008), anything else as a bug,
-        ``server_error`` (1011, its traceback in the log)."""
-        try:
-            await job
-        except VoiceChatError as e:
-            self.fail("session_error", str(e), CLOSE_POLICY)
-            return False
-        except Exception as e:
-            log.exception("session job failed")
-            self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
-            return False
-        return True
 
     async def _execute(self, c, worker) -> None:
         """One client command (a commit's trailing silence is the driver's drain)."""

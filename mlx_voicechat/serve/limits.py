@@ -1,15 +1,8 @@
-"""What bounds a server process below the protocol: its open connections, the time a client has
-to send its request headers, the process's open-file limit, and logs that neither flood nor
-carry a secret.
-
-Behind a reverse proxy these bounds are the proxy's (connection caps, header timeouts); they
-are here so that a ``serve`` reached directly is not held by idle sockets. uvicorn bounds idle
-keep-alive connections but not one that never completes its first request, and accepts
-connections until the process runs out of file descriptors. :class:`ConnectionGuard` keeps at
-most ``max_connections`` open and closes one whose headers are not in after
-``header_timeout``; at the bound, the oldest connection still sending its headers (else the
-oldest plain HTTP one) makes room, so ``/health`` and a WebSocket handshake still get in.
-WebSockets are never closed to make room: the sessions bound them.
+"""What bounds a server process below the protocol: open connections, the time a client has to
+send its request headers (:class:`ConnectionGuard`; uvicorn bounds neither), the open-file
+limit, and logs that neither flood nor carry a secret. At the connection bound the oldest
+connection still sending headers (else the oldest plain HTTP one) makes room; WebSockets never
+do (the sessions bound them).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Realtime ``mcp`` tools: MCP servers that ``serve`` connects to and whose tools it runs.
 
-A client puts ``{"type": "mcp", "server_label", "server_url", "allowed_tools", "headers",
-"require_approval"}`` in ``session.tools``. The server connects only to URLs the operator
-allowed (``--mcp-allow PREFIX``; none by default), lists the server's tools
-(``mcp_list_tools.in_progress`` / ``.completed`` / ``.failed`` on an ``mcp_list_tools`` item),
-gives them to the model as function tools, and runs the calls the model writes: each in a
-response of its own (an ``mcp_call`` item, ``response.mcp_call_arguments.*``,
-``response.mcp_call.in_progress`` then ``.completed`` or ``.failed``, ``response.done`` when the
-call has finished), its result (or error) fed back to the model as a function result. A tool
-that needs approval first gets an ``mcp_approval_request`` item; the client's
-``mcp_approval_response`` item runs it, or tells the model it was refused.
+A client's ``{"type": "mcp", ...}`` entry of ``session.tools`` names a server the operator
+allowed (``--mcp-allow PREFIX``; none by default); its tools are listed (an ``mcp_list_tools``
+item) and given to the model as function tools, and each call the model writes runs in a
+response of its own (an ``mcp_call`` item), its result fed back as a function result. A tool
+that needs approval first gets an ``mcp_approval_request`` item.
 
-:class:`McpTools` is the protocol's side (pure: events out, jobs handed to ``launch``);
-:class:`~.mcp_runner.McpRunner` is the connection's side, which runs the jobs.
-Headers a client gives are sent to its MCP server and nowhere else: never logged, never echoed.
+:class:`McpTools` is the protocol's side (pure: events out, jobs to ``launch``);
+:class:`~.mcp_runner.McpRunner` runs the jobs. A client's headers go to its MCP server only:
+never logged, never echoed.
 """
 
 from __future__ import annotations
@@ -285,9 +280,8 @@ class McpTools:
         a = s.approval
         if isinstance(a, str):
             return a == "always"
-        if tool in (_names(a.get("never"), "never") or ()):
-            return False
-        return True  # "always" named, or not named in "never": asked, as OpenAI does
+        # "always" named, or not named in "never": asked, as OpenAI does
+        return tool not in (_names(a.get("never"), "never") or ())
 
     def _own_response(self) -> Tuple[str, Event]:
         p = self.p

@@ -1,10 +1,6 @@
-"""What an operator scrapes: the server's series for Prometheus (``GET /metrics``), or, in a
-Ray Serve replica, the same series through Ray's own metrics (``ray.util.metrics``), which
-Ray's Prometheus export carries.
-
-:class:`Metrics` is the one place the server records into; every series is listed in
-:data:`SERIES` (and in docs/operating.md). Recording never fails the server: a backend that
-cannot be made (``prometheus_client`` missing) records nothing.
+"""What an operator scrapes: the series of :data:`SERIES` (listed in docs/operating.md) for
+Prometheus (``GET /metrics``) or, in a Ray Serve replica, through ``ray.util.metrics``.
+Recording never fails the server: without ``prometheus_client`` nothing is recorded.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The OpenAI Realtime protocol (GA names) for a full-duplex model, as a socket-free state machine.
 
-Client events go in (:meth:`Realtime.receive`, one raw WebSocket text message at a time); server
-events come out as dicts, and :class:`Command` objects tell the worker what to do with the
-session (start it, feed samples, commit, clear, cancel). The worker's :class:`FrameEvent` lists go
-back in through :meth:`Realtime.frames`, which derives the response lifecycle from the model's
-own turns: a response opens at a frame whose ``turn`` is ``"start"`` and closes at ``"end"``.
-
-Audio is resampled here, at the edges, with stateful soxr streams (no seam at chunk joins):
-client PCM16 at the input rate (24 kHz by default, 16 kHz passed through) to the model's 16 kHz,
-and the model's 22.05 kHz speech to the output rate (24 kHz by default, 22.05 kHz passed through).
+:meth:`Realtime.receive` turns one client message into server events and worker
+:class:`Command` objects; :meth:`Realtime.frames` turns the model's frames into events (a
+response opens at a frame whose ``turn`` is ``"start"`` and closes at ``"end"``). Audio is
+resampled here with stateful streams (no seam at chunk joins).
 """
 
 from __future__ import annotations
@@ -160,25 +155,23 @@ class Realtime(EventSource):
 
     def receive(self, raw) -> Tuple[List[Event], List[Command]]:
         """One client WebSocket message -> (server events, worker commands)."""
+        client_id = None
+
+        def refused(code: str, message: str, param: Optional[str] = None):
+            return [self.error(code, message, param, client_id)], []
+
         if isinstance(raw, (bytes, bytearray)):
-            return [
-                self.error("invalid_event", "binary messages are not events; send JSON text")
-            ], []
+            return refused("invalid_event", "binary messages are not events; send JSON text")
         size = len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
         if size > MAX_EVENT_BYTES:
-            return [
-                self.error(
-                    "event_too_large",
-                    f"the event is {size} bytes; at most {MAX_EVENT_BYTES} are accepted "
-                    "(send audio in smaller appends)",
-                )
-            ], []
+            message = f"the event is {size} bytes; at most {MAX_EVENT_BYTES} are accepted"
+            return refused("event_too_large", message + " (send audio in smaller appends)")
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError) as e:
-            return [self.error("invalid_json", f"the event is not valid JSON: {e}")], []
+            return refused("invalid_json", f"the event is not valid JSON: {e}")
         if not isinstance(event, dict):
-            return [self.error("invalid_event", "an event must be a JSON object")], []
+            return refused("invalid_event", "an event must be a JSON object")
         client_id = event.get("event_id")
         if not isinstance(client_id, str) or not utf8(client_id):
             client_id = None
@@ -188,12 +181,10 @@ class Realtime(EventSource):
                 f"`{where}` holds a lone surrogate (a \\ud800-\\udfff escape that is not half of "
                 "a pair): it is not text"
             )
-            return [self.error("invalid_value", message, where, client_id)], []
+            return refused("invalid_value", message, where)
         type_ = event.get("type")
         if not isinstance(type_, str):
-            return [
-                self.error("invalid_event", "the event has no string `type`", "type", client_id)
-            ], []
+            return refused("invalid_event", "the event has no string `type`", "type")
         handler = _HANDLERS.get(type_)
         try:
             if handler is not None:
@@ -202,12 +193,12 @@ class Realtime(EventSource):
                 raise ProtocolError("unsupported_event", f"{type_}: {_UNSUPPORTED[type_]}", "type")
             raise ProtocolError("unknown_event", f"unknown event type {type_[:100]!r}", "type")
         except ProtocolError as e:
-            return [self.error(e.code, e.message, e.param, client_id)], []
+            return refused(e.code, e.message, e.param)
         except Exception as e:  # a shape no check above foresaw: answered, logged, not fatal
             shown = "(not shown: it has headers)" if '"headers"' in raw else raw  # secrets
             log.exception("unexpected client event %.200r", shown)
             message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
-            return [self.error("invalid_event", message, None, client_id)], []
+            return refused("invalid_event", message)
 
     def _session_update(self, event: dict):
         """Each field on its own: what this model cannot honour is refused with an error that
@@ -232,31 +223,22 @@ class Realtime(EventSource):
         new: dict = {}
         refused: List[ProtocolError] = []
 
-        def field(name, parse):
+        def field(name, parse, *args):
             try:
-                value = parse()
+                value = parse(*args)
             except ProtocolError as e:
                 refused.append(e)
                 return
             if value is not None:
                 new[name] = value
 
-        field("instructions", lambda: self._instructions_of(session))
+        field("instructions", self._instructions_of, session)
         # A voice name (GA's audio.output.voice, beta's flat `voice`) is a wish this model
         # cannot grant: it has one voice, which session.updated reports.
-        field(
-            "input_rate",
-            lambda: format_rate(
-                a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
-            ),
-        )
-        field(
-            "output_rate",
-            lambda: format_rate(
-                a_out.get("format"), session.get("output_audio_format"), OUTPUT_RATES, "output"
-            ),
-        )
-        field("modalities", lambda: modalities_of(session))
+        for which, a, rates in (("input", a_in, INPUT_RATES), ("output", a_out, OUTPUT_RATES)):
+            beta = session.get(f"{which}_audio_format")
+            field(f"{which}_rate", format_rate, a.get("format"), beta, rates, which)
+        field("modalities", modalities_of, session)  # (only refuses: it returns None)
         field("tools", lambda: tools_of(self.mcp.take(session)))
         if "transcription" in a_in or "input_audio_transcription" in session:
             t = a_in.get("transcription", session.get("input_audio_transcription"))
@@ -265,7 +247,6 @@ class Realtime(EventSource):
         if isinstance(x, dict) and isinstance(x.get("events"), bool):
             self.extensions = x["events"]
 
-        new.pop("modalities", None)
         if "input_rate" in new and self._input is not None and new["input_rate"] != self.input_rate:
             self._input = Resampler(new["input_rate"], MODEL_INPUT_RATE)
         for k, v in new.items():

@@ -1,19 +1,12 @@
-"""The Realtime server as a Ray Serve deployment: replicas of the very app ``serve`` runs
-(:func:`.app.create_app` around one model each, with the one :class:`~.settings.ServerSettings`).
+"""The Realtime server as a Ray Serve deployment: replicas of the app ``serve`` runs
+(:func:`.app.create_app` around one model each, with one :class:`~.settings.ServerSettings`).
 
-Ray routes each connection to one replica for its life (:class:`~.ray_proxy.SessionRouter`
-picks a full one only when all are full), restarts replicas that die and autoscales between
-``min_replicas`` and ``max_replicas``. ``max_ongoing_requests`` is ``max_sessions`` plus
-:data:`CONTROL_SLOTS`, so a full replica still answers ``server_busy`` and ``/health`` at once.
-A lost replica's sessions get ``replica_lost`` and close 1012 from Ray's proxy
-(:class:`~.ray_proxy.ReplicaLossMiddleware`); one whose model failed to load says so in
-``/health`` (503) and answers ``model_unavailable``. ``/health`` adds this replica and the
-deployment's sessions and capacity, from the reports every replica sends to a
-:class:`SessionBoard`; the series of :mod:`.metrics` go to Ray's metrics, tagged ``replica``.
-Stopping (:func:`stop_sessions`, or Ray's drain) tells each conversation
-``server_shutting_down`` and close 1012 first.
-
-Config files (``serve run`` / ``serve deploy``) use ``mlx_voicechat.serve.ray_app:app_builder``.
+Each replica takes ``max_sessions`` plus :data:`CONTROL_SLOTS` requests, so a full one still
+answers ``server_busy`` and ``/health``; a replica whose model failed to load says so (503,
+``model_unavailable``). ``/health`` adds the deployment's sessions from the :class:`SessionBoard`;
+the :mod:`.metrics` series go to Ray's metrics, tagged ``replica``. Stopping
+(:func:`stop_sessions`, or Ray's drain) sends ``server_shutting_down`` and close 1012 first.
+Config files use ``mlx_voicechat.serve.ray_app:app_builder``.
 """
 
 import asyncio

@@ -1,16 +1,9 @@
-"""What the Ray Serve deployment (:mod:`.ray_app`) plugs into Ray's own proxy and routers.
+"""What the Ray Serve deployment (:mod:`.ray_app`) plugs into Ray's proxy and routers (no MLX).
 
-:class:`SessionRouter` is the request router of the deployment: a new connection goes to the
-replica with the fewest ongoing requests among all those whose model is ready (not two drawn
-at random, as Ray's default router does; connections that arrive together are spread), so a
-full replica is chosen only when every replica is full, and it then answers ``server_busy``
-itself.
-
-:class:`ReplicaLossMiddleware` runs in Ray's HTTP proxy: a ``/v1/realtime`` connection whose
-replica went away (its process died or was stopped) gets an ``error`` event with code
-``replica_lost`` and the close code :data:`CLOSE_REPLICA_LOST` instead of a dropped socket.
-
-Neither imports MLX: both run in Ray's proxy processes.
+:class:`SessionRouter` sends a new connection to the ready replica with the fewest ongoing
+requests (not two drawn at random, as Ray's default does), so a full replica is chosen only
+when all are full. :class:`ReplicaLossMiddleware` gives a connection whose replica went away
+an ``error`` event ``replica_lost`` and close :data:`CLOSE_REPLICA_LOST`.
 """
 
 from __future__ import annotations
@@ -38,13 +31,10 @@ PENDING_SECONDS = 5.0  # a choice not confirmed as routed by then no longer coun
 
 
 class SessionRouter(FIFOMixin, RequestRouter):
-    """Orders the replicas by :func:`replica_rank` (from the stats each replica's
-    ``record_routing_stats`` reports), then by their load: the ongoing requests Ray last heard
-    of (its queue-length cache: sessions, but for a moment's HTTP request) plus the connections
-    this router chose for the replica that Ray has not confirmed yet. Each replica is a rank of
-    its own, so Ray takes the first that is not full. Counting the choices in flight keeps
-    connections that arrive together apart: they would all see the same cached lengths and go
-    to one replica, which would then refuse the last ones as busy while another had room."""
+    """Orders the replicas by :func:`replica_rank`, then by load: Ray's cached queue length
+    plus this router's choices Ray has not confirmed yet (connections that arrive together
+    would otherwise all see the same cached lengths and crowd one replica, which would refuse
+    the last as busy while another had room). Ray takes the first replica that is not full."""
 
     @property
     def _pending(self) -> dict:

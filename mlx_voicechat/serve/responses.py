@@ -24,6 +24,15 @@ MAX_REQUESTS = 16  # response.create requests that may wait for the model at onc
 REQUEST_WAIT_FRAMES = 25  # a requested response the model leaves unused completes empty (2 s)
 
 
+def _item(item_id: str, kind: str, **fields) -> dict:
+    """A conversation item: ``id``, ``object``, ``type``, then ``fields`` in their order."""
+    return {"id": item_id, "object": "realtime.item", "type": kind, **fields}
+
+
+def _message(item_id: str, role: str, status: str, content: list) -> dict:
+    return _item(item_id, "message", role=role, status=status, content=content)
+
+
 class Responses:
     """One connection's conversation, owned by its :class:`.protocol.Realtime` (``session``):
     its items (:class:`~.items.ItemRecord`), the user's item, the assistant's responses and the
@@ -55,15 +64,8 @@ class Responses:
         self.user_item = _new_id("item")
         self._user_text = []
         self._user_frames = 0
-        item = {
-            "id": self.user_item,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "in_progress",
-            "content": [{"type": "input_audio", "transcript": None}],
-        }
-        return [self.record.add(item)]
+        content = [{"type": "input_audio", "transcript": None}]
+        return [self.record.add(_message(self.user_item, "user", "in_progress", content))]
 
     def close_user_item(self) -> List[Event]:
         """Complete the user's item (a turn of the model, or the end of a commit's trailing
@@ -72,14 +74,7 @@ class Responses:
             return []
         item_id, text = self.user_item, "".join(self._user_text)
         self.user_item = None
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": text}],
-        }
+        item = _message(item_id, "user", "completed", [{"type": "input_audio", "transcript": text}])
         seconds = round(self._user_frames * FRAME_SECONDS, 2)
         events = []
         if self.s.transcription:
@@ -140,8 +135,21 @@ class Responses:
         """Open the oldest waiting ``response.create`` request once no response is open."""
         if self.response is not None or not self.requests:
             return []
-        self.response = self._new_response(self.requests.popleft())
+        return self._create(self.requests.popleft())
+
+    def _create(self, metadata=None) -> List[Event]:
+        """Open a response: its ``response.created``."""
+        self.response = self._new_response(metadata)
         return [self._event("response.created", response=self.response_object("in_progress", []))]
+
+    def _output_item(self, stage: str, index: int, item: dict) -> Event:
+        """``response.output_item.added`` / ``.done`` of the open response."""
+        return self._event(
+            f"response.output_item.{stage}",
+            response_id=self.response["id"],
+            output_index=index,
+            item=item,
+        )
 
     def empty_response(self, metadata) -> List[Event]:
         """An out-of-band request (``conversation: "none"``): created and done, empty."""
@@ -162,23 +170,20 @@ class Responses:
         r = self.response
         calls = r["calls"]
         index = len(calls) + (0 if own else 1)
-        item = {
-            "id": _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": "in_progress",
-            "name": call.name,
-            "call_id": call.call_id,
-            "arguments": "",
-        }
+        item = _item(
+            _new_id("item"),
+            "function_call",
+            status="in_progress",
+            name=call.name,
+            call_id=call.call_id,
+            arguments="",
+        )
         ref = dict(
             response_id=r["id"], item_id=item["id"], output_index=index, call_id=call.call_id
         )
         done = dict(item, status="completed", arguments=call.arguments)
         out += [
-            self._event(
-                "response.output_item.added", response_id=r["id"], output_index=index, item=item
-            ),
+            self._output_item("added", index, item),
             self.record.add(item),
             self._event("response.function_call_arguments.delta", delta=call.arguments, **ref),
             self._event(
@@ -187,9 +192,7 @@ class Responses:
                 arguments=call.arguments,
                 **ref,
             ),
-            self._event(
-                "response.output_item.done", response_id=r["id"], output_index=index, item=done
-            ),
+            self._output_item("done", index, done),
             self.record.done(done),
         ]
         calls.append(done)
@@ -200,36 +203,21 @@ class Responses:
 
     def _ensure_response(self) -> List[Event]:
         """Opens a response when none is open (its ``response.created``, or nothing)."""
-        if self.response is not None:
-            return []
-        self.response = self._new_response()
-        return [self._event("response.created", response=self.response_object("in_progress", []))]
+        return [] if self.response is not None else self._create()
 
     def _open_response(self) -> List[Event]:
         """The model starts a turn: its spoken item, in the requested response that waits for
         it or in a new one."""
         out: List[Event] = self._ensure_response()
-        r = self.response
-        r["item_id"] = item_id = _new_id("item")
+        self.response["item_id"] = item_id = _new_id("item")
         self._output = Resampler(MODEL_OUTPUT_RATE, self.s.output_rate)
-        item = {
-            "id": item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
+        item = _message(item_id, "assistant", "in_progress", [])
         self.assistant_items[item_id] = 0
-        ref = dict(response_id=r["id"], item_id=item_id, output_index=0, content_index=0)
+        part = {"type": "audio", "transcript": ""}
         return out + [
-            self._event(
-                "response.output_item.added", response_id=r["id"], output_index=0, item=item
-            ),
+            self._output_item("added", 0, item),
             self.record.add(item),
-            self._event(
-                "response.content_part.added", part={"type": "audio", "transcript": ""}, **ref
-            ),
+            self._event("response.content_part.added", part=part, **self._ref()),
         ]
 
     def _ref(self) -> dict:
@@ -287,14 +275,12 @@ class Responses:
         if r["item_id"] is not None:
             transcript = "".join(r["transcript"])
             ref = self._ref()
-            item = {
-                "id": r["item_id"],
-                "object": "realtime.item",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed" if status == "completed" else "incomplete",
-                "content": [{"type": "output_audio", "transcript": transcript}],
-            }
+            item = _message(
+                r["item_id"],
+                "assistant",
+                "completed" if status == "completed" else "incomplete",
+                [{"type": "output_audio", "transcript": transcript}],
+            )
             output.insert(0, item)
             events += [
                 self._event("response.output_audio.done", **ref),
@@ -304,9 +290,7 @@ class Responses:
                     part={"type": "audio", "transcript": transcript},
                     **ref,
                 ),
-                self._event(
-                    "response.output_item.done", response_id=r["id"], output_index=0, item=item
-                ),
+                self._output_item("done", 0, item),
                 self.record.done(item),
             ]
         events.append(
@@ -340,14 +324,10 @@ class Responses:
         if not isinstance(output, str):
             raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
         del self.calls[call_id]
-        done = {
-            "id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
-            "object": "realtime.item",
-            "type": "function_call_output",
-            "call_id": call_id,
-            "output": output,
-            "status": "completed",
-        }
+        item_id = item.get("id") if isinstance(item.get("id"), str) else _new_id("item")
+        done = _item(
+            item_id, "function_call_output", call_id=call_id, output=output, status="completed"
+        )
         events = [self.record.add(done), self.record.done(done)]
         return events, [ToolResult(call_id, output)]
 

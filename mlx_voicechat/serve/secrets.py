@@ -98,16 +98,9 @@ def bearer_secret(headers, subprotocols=()) -> Optional[str]:
     return None
 
 
-def refusal(message: str, code: str = "invalid_api_key") -> dict:
-    """OpenAI's error body for a refused credential."""
-    return {
-        "error": {
-            "type": "invalid_request_error",
-            "code": code,
-            "message": message,
-            "param": None,
-        }
-    }
+def refusal(message: str, code: str = "invalid_api_key", type_="invalid_request_error") -> dict:
+    """OpenAI's error body of a refused HTTP request (by default, a refused credential)."""
+    return {"error": {"type": type_, "code": code, "message": message, "param": None}}
 
 
 def ttl_of(body: dict) -> int:

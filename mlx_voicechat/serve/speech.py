@@ -1,12 +1,7 @@
-"""``input_audio_buffer.speech_started`` / ``speech_stopped`` for one connection: the speech
-detector (:mod:`mlx_voicechat.audio.vad`) on the 16 kHz input as the client's audio arrives,
-before it waits for the model, so a framework that stops its playback on ``speech_started``
-does so a few tens of milliseconds after the user's onset.
-
-The detector only reports: the full-duplex model hears the same audio and decides itself
-whether to stop talking, so ``turn_detection`` in ``session.updated`` says ``server_vad`` with
-``create_response`` and ``interrupt_response`` false (a client that wants the model quiet on
-barge-in sends ``response.cancel``, as the agent frameworks do).
+"""``input_audio_buffer.speech_started`` / ``speech_stopped``: the speech detector
+(:mod:`mlx_voicechat.audio.vad`) on the 16 kHz input as it arrives, before it waits for the
+model. It only reports: the duplex model decides itself whether to stop talking, so
+``turn_detection`` says ``server_vad`` with ``create_response`` and ``interrupt_response`` false.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The server's conversations as one batch on the worker thread.
 
-Each conversation's audio is pushed into its session (a handle of one
-:class:`~mlx_voicechat.nemotron_voicechat.runtime.batch.SessionBatch`) by a job of its own, and the
-first push schedules a step; a step runs the frames that are in, the conversations that have one in
-one batched forward per frame. Pushes that queue up while a step runs (every live conversation
-sends 80 ms of audio, or the clock's silence, about every 80 ms) are all run by the next step:
-a frame clock that ticks as fast as the model goes, so N conversations cost one batched frame,
-not N frames one after the other.
-
-While several conversations are live a step runs one round, and another step is queued while
-frames are left (behind the pushes that came in meanwhile), so no conversation waits more than
-a round for another's backlog; a push's wait ends when its conversation has no frame left to
-run. A joining conversation's prompt enters the LLM in slices, one per step after the round's
-events are handed out, each about as long as a round (the rows a slice takes are measured and
-adapted); its first frame takes the last slice along. A prompt longer than the seed's prompt
-chain first grows the chain the same way, in slices of speech steps. So a push that arrives
-during a step waits for at most one slice more than without the join. With no other
-conversation live, the prompt enters in one call.
+Each push feeds a conversation's session (a handle of one
+:class:`~mlx_voicechat.nemotron_voicechat.runtime.batch.SessionBatch`); a step runs the frames
+that are in, all conversations in one batched forward per frame, and pushes that arrive
+meanwhile wait for the next step, so N conversations cost one batched frame, not N. With
+several live, a step runs one round, so none waits more than a round for another's backlog. A
+joining prompt enters the LLM in slices about a round long (one per step), so a push waits at
+most one slice more; with no other conversation live it enters in one call.
 """
 
 from __future__ import annotations

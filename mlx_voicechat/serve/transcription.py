@@ -1,14 +1,7 @@
 """OpenAI Realtime *transcription* sessions (``session.type: "transcription"``, GA names), as a
-socket-free state machine like :mod:`.protocol`.
-
-The client streams ``input_audio_buffer.append``; the transcript of the current item comes back
-as ``conversation.item.input_audio_transcription.delta`` events while the audio arrives (each
-80 ms frame's words as soon as the model has them), and ``input_audio_buffer.commit`` ends the
-item: ``input_audio_buffer.committed``, then ``conversation.item.input_audio_transcription
-.completed`` with the whole transcript (and the detected language). The next append opens the
-next item. Served by a Nemotron-3.5-ASR recognizer (its language prompt from
-``audio.input.transcription.language``) or by a VoiceChat checkpoint's RNNT head. There is no
-server VAD (``turn_detection`` must be null): the client commits.
+socket-free state machine like :mod:`.protocol`: appends stream transcript deltas of the
+current item, a commit completes it (with the detected language). Served by a Nemotron-3.5-ASR
+recognizer or a VoiceChat checkpoint's RNNT head; no server VAD (the client commits).
 """
 
 from __future__ import annotations
@@ -80,7 +73,6 @@ class TranscriptionRealtime(EventSource):
         self.item: Optional[str] = None  # the item the audio goes to
         self.previous: Optional[str] = None
         self.text = ""  # the current item's transcript so far
-        self.items_done = 0
 
     def session_object(self) -> dict:
         return {
@@ -108,21 +100,20 @@ class TranscriptionRealtime(EventSource):
     # -- client events --
 
     def receive(self, raw) -> Tuple[List[Event], List[Command]]:
+        def refused(code: str, message: str):
+            return [self.error(code, message)], []
+
         if isinstance(raw, (bytes, bytearray)):
-            return [self.error("invalid_event", "binary messages are not events; send JSON")], []
+            return refused("invalid_event", "binary messages are not events; send JSON")
         if len(raw.encode("utf-8", "surrogatepass")) > MAX_EVENT_BYTES:
-            return [
-                self.error(
-                    "event_too_large",
-                    f"the event is larger than {MAX_EVENT_BYTES} bytes (send smaller appends)",
-                )
-            ], []
+            message = f"the event is larger than {MAX_EVENT_BYTES} bytes (send smaller appends)"
+            return refused("event_too_large", message)
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError) as e:
-            return [self.error("invalid_json", f"the event is not valid JSON: {e}")], []
+            return refused("invalid_json", f"the event is not valid JSON: {e}")
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            return [self.error("invalid_event", "an event is a JSON object with a `type`")], []
+            return refused("invalid_event", "an event is a JSON object with a `type`")
         client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         type_ = event["type"]
         handler = _HANDLERS.get(type_)
@@ -245,7 +236,6 @@ class TranscriptionRealtime(EventSource):
         more = {"languages": [{"code": language}]} if language else {}
         out.append(self.transcript_completed(self.item, self.text, round(seconds, 3), **more))
         self.previous, self.item, self.text = self.item, None, ""
-        self.items_done += 1
         return out
 
 

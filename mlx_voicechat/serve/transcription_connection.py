@@ -1,13 +1,9 @@
 """Transcription connections: the asyncio side of :mod:`.transcription`.
 
-:func:`serve_connection` is what the app runs per WebSocket: on a Nemotron-3.5-ASR server
-every connection is a transcription session; on a VoiceChat server a connection is the duplex
-:class:`~.connection.Conversation` until its first client event asks for
-``session.type: "transcription"`` before any audio, and from then on a transcription session on
-the model's RNNT head. A :class:`TranscriptionConversation` has three tasks (the reader and the
-writer with its bounded queue of :class:`~.channel.Channel`, as the duplex one has, and its own
-driver on the shared worker thread), without the clock: a transcript needs no silence fed at
-real time.
+:func:`serve_connection` runs each WebSocket: on a recognizer every connection transcribes; on
+a VoiceChat server a connection is duplex until a first ``session.update`` asks for
+``"transcription"`` before any audio. A :class:`TranscriptionConversation` has no clock: a
+transcript needs no silence fed at real time.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ import time
 from collections import deque
 from typing import List, Optional
 
-from ..errors import VoiceChatError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, HANDED_OVER, Channel, lag_message, log
+from .channel import CLOSE_TRY_AGAIN, HANDED_OVER, Channel, lag_message
 from .connection import Conversation
 from .transcription import TranscriptionRealtime, is_transcription_update
 from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
@@ -153,30 +148,26 @@ class TranscriptionConversation(Channel):
                 continue
             if self.closing is not None:
                 await self.stopped.wait()
-            c = self.inbox.popleft()
-            try:
-                if isinstance(c, Start):
-                    self.session = await worker.run(open_session, self.server.model, c.instructions)
-                elif isinstance(c, Append):
-                    samples = self._take_audio(c)
-                    events = await worker.run(self.session.feed, samples)
-                    self.consumed += samples.size
-                    self.send(self.protocol.transcript(events))
-                elif isinstance(c, Commit):
-                    events = await worker.run(self.session.finish)
-                    seconds = (self.position - self.item_start) / MODEL_INPUT_RATE
-                    self.item_start = self.position
-                    self.send(self.protocol.completed(events, seconds, self.session.language))
-                    await worker.run(self.session.reset)
-                elif isinstance(c, Clear) and self.session is not None:
-                    await worker.run(self.session.reset)
-                    self.protocol.item, self.protocol.text = None, ""
-                    self.item_start = self.position
-            except VoiceChatError as e:
-                self.fail("session_error", str(e), CLOSE_POLICY)
-            except Exception as e:
-                log.exception("transcription job failed")
-                self.fail("server_error", f"{type(e).__name__}: {e}".splitlines()[0], 1011)
+            await self._job(self._execute(self.inbox.popleft(), worker), "transcription")
+
+    async def _execute(self, c, worker) -> None:
+        if isinstance(c, Start):
+            self.session = await worker.run(open_session, self.server.model, c.instructions)
+        elif isinstance(c, Append):
+            samples = self._take_audio(c)
+            events = await worker.run(self.session.feed, samples)
+            self.consumed += samples.size
+            self.send(self.protocol.transcript(events))
+        elif isinstance(c, Commit):
+            events = await worker.run(self.session.finish)
+            seconds = (self.position - self.item_start) / MODEL_INPUT_RATE
+            self.item_start = self.position
+            self.send(self.protocol.completed(events, seconds, self.session.language))
+            await worker.run(self.session.reset)
+        elif isinstance(c, Clear) and self.session is not None:
+            await worker.run(self.session.reset)
+            self.protocol.item, self.protocol.text = None, ""
+            self.item_start = self.position
 
     def _take_audio(self, first: Append):
         """Consecutive queued appends merged into one job of at most ``chunk_samples``."""

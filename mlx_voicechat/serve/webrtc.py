@@ -1,18 +1,11 @@
-"""WebRTC for the Realtime server (``POST /v1/realtime/calls``), as OpenAI's Realtime API offers
-it, and the client secrets a browser connects with (``POST /v1/realtime/client_secrets``).
+"""WebRTC for the Realtime server (``POST /v1/realtime/calls``) and the client secrets a browser
+connects with (``POST /v1/realtime/client_secrets``), as OpenAI's Realtime API offers them.
 
-A client POSTs an SDP offer (``application/sdp``, or ``multipart/form-data`` with an ``sdp``
-part and a ``session`` JSON part) and gets the SDP answer. Audio flows as Opus over RTP (48 kHz
-on the wire, one track each way); the Realtime events travel as JSON text on the data channel
-the client opens (``oai-events``), the same events as on ``/v1/realtime`` except the model's
-audio: it goes out on the track, not as ``response.output_audio.delta`` events, and
-``output_audio_buffer.started`` / ``.stopped`` say when it starts and ends playing, as OpenAI's
-WebRTC sessions do.
-
-This module holds the routes (the offer's checks, the secrets, CORS, the hangup);
-:mod:`.webrtc_call` holds a call itself (the peer connection, its tracks, the conversation).
-aiortc (the ``[webrtc]`` extra) is imported only when a call comes; without it the endpoint
-answers 501 with what to install.
+The offer is ``application/sdp`` or ``multipart/form-data`` (``sdp`` and ``session`` parts);
+audio is Opus on one track each way, the events JSON on the ``oai-events`` data channel (the
+model's audio is on the track, with ``output_audio_buffer.started`` / ``.stopped``). This
+module holds the routes; :mod:`.webrtc_call` a call. Without aiortc (the ``[webrtc]`` extra)
+the endpoint answers 501.
 """
 
 import asyncio
@@ -27,7 +20,6 @@ from .webrtc_call import Call, LiveJitterBuffer  # noqa: F401  (LiveJitterBuffer
 
 ICE_TIMEOUT = 20.0  # seconds a call waits for its connection (ICE, DTLS, the data channel)
 MAX_SDP_BYTES = 64 << 10
-EVENTS_CHANNEL = "oai-events"
 SDP_TYPES = ("application/sdp",)
 
 
@@ -43,10 +35,6 @@ def available() -> Optional[str]:
     return None
 
 
-def error_body(message: str, code: str, type_: str = "invalid_request_error") -> dict:
-    return {"error": {"type": type_, "code": code, "message": message, "param": None}}
-
-
 # --- the routes -----------------------------------------------------------------------------
 
 
@@ -55,7 +43,7 @@ def check_session(server, session) -> Optional[dict]:
     if session is None:
         return None
     if not isinstance(session, dict):
-        return error_body("`session` must be a JSON object", "invalid_value")
+        return refusal("`session` must be a JSON object", "invalid_value")
     probe = Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars)
     events, _ = probe.receive(json.dumps({"type": "session.update", "session": session}))
     for e in events:
@@ -95,6 +83,12 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         headers = cors(request) if request is not None else {}
         return JSONResponse(body, status_code=status, headers=headers)
 
+    def server_refused(status: int, message: str, code: str):
+        return refused(status, refusal(message, code, "server_error"))
+
+    def bad_sdp(message: str, status: int = 400):
+        return refused(status, refusal(message, "invalid_sdp"))
+
     async def preflight(request: Request):
         headers = cors(request)
         if not headers:
@@ -124,7 +118,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
                 raise ValueError("the body must be a JSON object")
             seconds = ttl_of(body)
         except ValueError as e:
-            return refused(400, error_body(f"{e}".splitlines()[0], "invalid_value"))
+            return refused(400, refusal(f"{e}".splitlines()[0], "invalid_value"))
         session = body.get("session") or {}
         bad = check_session(server, session)
         if bad is not None:
@@ -132,7 +126,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         try:
             value, expires_at = store.mint(session, seconds)
         except SecretRefused as e:
-            return refused(429, error_body(str(e), "rate_limit_exceeded"))
+            return refused(429, refusal(str(e), "rate_limit_exceeded"))
         probe = Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars)
         probe.receive(json.dumps({"type": "session.update", "session": session}))
         return {
@@ -158,19 +152,15 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
     async def answer_call(request):
         missing = available()
         if missing is not None:
-            return refused(501, error_body(missing, "webrtc_unavailable", "server_error"))
+            return server_refused(501, missing, "webrtc_unavailable")
         if is_recognizer(server.model):
-            return refused(
-                501,
-                error_body(
-                    "this server runs a recognizer: its transcription sessions are on the "
-                    "WebSocket /v1/realtime",
-                    "webrtc_unavailable",
-                    "server_error",
-                ),
+            message = (
+                "this server runs a recognizer: its transcription sessions are on the "
+                "WebSocket /v1/realtime"
             )
+            return server_refused(501, message, "webrtc_unavailable")
         if not server.origin_allowed(request.headers, request.scope.get("server")):
-            return refused(403, error_body("origin not allowed", "origin_not_allowed"))
+            return refused(403, refusal("origin not allowed", "origin_not_allowed"))
         preset = None
         secret = bearer_secret(request.headers)
         if secret is None and not server.authorized(request.headers, []):
@@ -183,7 +173,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             try:
                 form = await request.form(max_files=2, max_fields=8, max_part_size=MAX_SDP_BYTES)
             except Exception as e:
-                return refused(400, error_body(f"unreadable multipart body: {e}", "invalid_body"))
+                return refused(400, refusal(f"unreadable multipart body: {e}", "invalid_body"))
             raw = form.get("sdp")
             raw = (await raw.read()) if hasattr(raw, "read") else (raw or "").encode()
             text = form.get("session")
@@ -193,47 +183,37 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
                     session = json.loads(text)
                 except ValueError as e:
                     return refused(
-                        400, error_body(f"the `session` part is not JSON: {e}", "invalid_json")
+                        400, refusal(f"the `session` part is not JSON: {e}", "invalid_json")
                     )
         else:
             return refused(
                 415,
-                error_body(
+                refusal(
                     f"content type {kind[:80] or '(none)'!r} is not an SDP offer: send "
                     "application/sdp, or multipart/form-data with `sdp` and `session` parts",
                     "unsupported_content_type",
                 ),
             )
         if len(raw) > MAX_SDP_BYTES:
-            return refused(413, error_body("the SDP offer is too large", "invalid_sdp"))
+            return bad_sdp("the SDP offer is too large", 413)
         try:
             sdp = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return refused(400, error_body("the SDP offer is not UTF-8 text", "invalid_sdp"))
+            return bad_sdp("the SDP offer is not UTF-8 text")
         if not sdp.lstrip().startswith("v=0"):
-            return refused(400, error_body("the body is not an SDP offer (no v=0)", "invalid_sdp"))
+            return bad_sdp("the body is not an SDP offer (no v=0)")
         if "\nm=audio " not in sdp.replace("\r\n", "\n"):
-            return refused(
-                400, error_body("the SDP offer has no audio (m=audio) section", "invalid_sdp")
-            )
+            return bad_sdp("the SDP offer has no audio (m=audio) section")
         for needed, what in (("a=fingerprint:", "DTLS fingerprint"), ("a=ice-ufrag:", "ICE ufrag")):
             if needed not in sdp:
-                return refused(
-                    400, error_body(f"the SDP offer has no {what} ({needed})", "invalid_sdp")
-                )
+                return bad_sdp(f"the SDP offer has no {what} ({needed})")
         bad = check_session(server, session)
         if bad is not None:
             return refused(400, bad)
         if server.shutting_down:
             server.metrics.refused("shutting_down")
-            return refused(
-                503,
-                error_body(
-                    "the server is shutting down; try again later",
-                    "server_shutting_down",
-                    "server_error",
-                ),
-            )
+            message = "the server is shutting down; try again later"
+            return server_refused(503, message, "server_shutting_down")
         if secret is not None:  # checked last: a request refused above does not use it up
             try:
                 preset = store.redeem(secret)
@@ -243,15 +223,8 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         config.update(session or {})
         if server.active >= server.max_sessions:
             server.metrics.refused("server_busy")
-            return refused(
-                503,
-                error_body(
-                    f"all {server.max_sessions} session(s) of this server are in use; try again "
-                    "later",
-                    "server_busy",
-                    "server_error",
-                ),
-            )
+            busy = f"all {server.max_sessions} session(s) of this server are in use"
+            return server_refused(503, f"{busy}; try again later", "server_busy")
         import secrets as random
 
         call_id = "rtc_" + random.token_hex(12)
@@ -265,7 +238,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             server.active -= 1
             await call.close()
             message = f"{e}".splitlines()[0] if str(e) else type(e).__name__
-            return refused(400, error_body(f"the SDP offer was refused: {message}", "invalid_sdp"))
+            return bad_sdp(f"the SDP offer was refused: {message}")
         server.metrics.opened()
         wants_channel = "\nm=application " in sdp.replace("\r\n", "\n")
         call.task = asyncio.create_task(call.run(wants_channel, ice_timeout))
@@ -284,7 +257,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         if not own and (secret is not None or not server.authorized(request.headers, [])):
             return refused(401, refusal("missing or wrong API key"))
         if call is None:
-            return refused(404, error_body(f"no call {call_id[:40]!r} in progress", "not_found"))
+            return refused(404, refusal(f"no call {call_id[:40]!r} in progress", "not_found"))
         await call.close()
         return JSONResponse({}, status_code=200)
 

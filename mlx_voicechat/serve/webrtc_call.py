@@ -1,15 +1,8 @@
-"""One WebRTC call of ``POST /v1/realtime/calls`` (:mod:`.webrtc` has the routes): the peer
-connection, its two Opus tracks and the conversation it holds.
-
-A call is a :class:`~.connection.Conversation` like a WebSocket's (same session, tools,
-limits, batching: a row of the same batch), fed by :class:`RtcSocket`, a stand-in for the
-WebSocket that reads the data channel, and by the incoming track. The model's input keeps its
-80 ms clock whatever the network does: a gap in the RTP timestamps (lost packets) is filled
-with silence at once, audio that arrives after the server's clock already filled its place
-with silence is dropped, and the conversation's clock feeds silence at real time when audio
-stops coming, so the server never waits on a lost packet.
-
-aiortc is imported only here, when a call comes (the ``[webrtc]`` extra).
+"""One WebRTC call of ``POST /v1/realtime/calls``: the peer connection, its two Opus tracks and
+the :class:`~.connection.Conversation` it holds (a row of the same batch), fed by
+:class:`RtcSocket` (the data channel as a WebSocket) and the incoming track. The model never
+waits on the network: a gap in the RTP timeline is filled with silence at once, and audio
+arriving after the clock already filled its place is dropped. aiortc is imported only here.
 """
 
 import asyncio
@@ -156,12 +149,9 @@ def mono_float(frame) -> np.ndarray:
 
 
 class LiveJitterBuffer:
-    """In place of aiortc's audio jitter buffer, which holds every packet until four more have
-    come and, at a lost one, stalls until sixteen have (320 ms), then drops frames to catch up:
-    each Opus packet is decoded as it arrives; one older than the newest already taken (late,
-    reordered, or repeated) is dropped, and its time, like a lost packet's, is heard as silence
-    (:meth:`RtcConversation._listen` fills the gaps in the RTP timeline). The server never
-    waits on a packet."""
+    """In place of aiortc's audio jitter buffer (which stalls up to 320 ms at a lost packet):
+    each packet is decoded as it arrives; one older than the newest taken is dropped, and its
+    time, like a lost packet's, is heard as silence (:meth:`RtcConversation._listen`)."""
 
     capacity = 1
 

@@ -28,7 +28,6 @@ INPUT_RATES = (24000, 16000)
 OUTPUT_RATES = (24000, 22050)
 MAX_EVENT_BYTES = 1 << 20  # a client event larger than this is refused
 PCM16_SCALE = 32768.0
-VOICES = ("Aria",)
 
 Event = Dict[str, Any]
 log = logging.getLogger("mlx_voicechat.serve")

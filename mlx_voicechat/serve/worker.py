@@ -17,12 +17,11 @@ class WorkerStopped(BaseException):
 class Worker:
     """One thread for MLX work; jobs run one at a time in submission order.
 
-    :meth:`shared` is the process's one worker, which every app uses unless given another:
-    MLX streams belong to the thread that made them, and the TTS stream is made once per
-    process. An interpreter that finalizes while the thread is inside MLX aborts the process
-    ("terminate called without an active exception": the thread's next take of the GIL ends it
-    by unwinding through MLX's C++ frames), so a process that exits with the thread still
-    there first calls :meth:`stop`, which ends it between two lines of Python."""
+    :meth:`shared` is the process's one worker, which every app uses unless given another
+    (MLX streams belong to the thread that made them; the TTS stream is made once per process).
+    A process that exits with the thread alive first calls :meth:`stop`: an interpreter that
+    finalizes while the thread is inside MLX aborts ("terminate called without an active
+    exception")."""
 
     _shared: Optional["Worker"] = None
     _shared_lock = threading.Lock()
