@@ -1,13 +1,8 @@
 """``mlx-voicechat chat``: talk to the model from the terminal, microphone in, speakers out.
 
-The loop (:func:`chat_loop`) reads 80 ms blocks from an audio source, feeds them to the
-session, plays each event's speech on the sink and prints the words as they come. It knows the
-devices only through ``audio.devices``' source / sink interface, so tests drive it with
-arrays. Ctrl-C ends the conversation cleanly.
-
-With ``--mcp FILE`` the MCP servers of FILE are started, their tools are the model's, and a
-call the model makes runs on the MCP client's own thread (``nemotron_voicechat.runtime.mcp``) while
-the loop goes on; each result is queued with ``add_tool_result`` between frames, when it arrives.
+:func:`chat_loop` knows the devices only through ``audio.devices``' source / sink interface, so
+tests drive it with arrays. With ``--mcp FILE`` the servers' tools are the model's; their calls
+run on the MCP client's thread and each result is queued between frames.
 """
 
 from __future__ import annotations

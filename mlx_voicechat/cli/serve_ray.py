@@ -1,10 +1,9 @@
 """``mlx-voicechat serve --ray``: the same server as replicas on a Ray cluster (Ray Serve).
 
-Joins the cluster at ``--ray-address`` (or starts a local one), deploys
-:func:`mlx_voicechat.serve.ray_app.realtime_app` with Ray's HTTP proxy on ``--host:--port``,
-and on Ctrl-C / SIGTERM deletes its deployment (and stops what it started: Serve where no other
-application is left, the local cluster, and every process of that cluster, also those Ray
-restarted after a replica died and those whose parent went first).
+Joins ``--ray-address`` (or starts a local cluster), deploys
+:func:`mlx_voicechat.serve.ray_app.realtime_app` behind Ray's proxy on ``--host:--port``, and on
+Ctrl-C / SIGTERM deletes the deployment and stops whatever it started (every process of a local
+cluster included).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``mlx-voicechat stream``: an audio file fed to a streaming session as if it were live.
-
-The file goes in 80 ms chunks (at real time with ``--realtime``), followed by
-``--extra-decoding-seconds`` of silence in the same chunks, then ``finish``. Words are printed
-as the events bring them. At the end: the latency of each frame, from the moment the last
-sample it needs was fed (sample ``session.samples_needed(k)``; with ``--realtime``, the moment
-that sample's chunk was due) to the return of its event with audio, and the real-time factor
-(compute time over audio time). The reply WAV equals ``generate``'s on the same input.
+"""``mlx-voicechat stream``: an audio file fed to a streaming session in 80 ms chunks as if live
+(at real time with ``--realtime``), then the trailing silence and ``finish``. Prints the words
+as they come, each frame's latency (from its last needed sample fed to its event) and the
+real-time factor. The reply WAV equals ``generate``'s on the same input.
 """
 
 from __future__ import annotations

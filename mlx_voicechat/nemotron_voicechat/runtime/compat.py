@@ -1,23 +1,12 @@
-"""mlx-audio 0.6.2's NemotronVoiceChat API, over ours.
+"""mlx-audio 0.6.2's NemotronVoiceChat API, over ours (``mlx_audio.sts.load_model`` returns our
+model once this package is installed).
 
-Installing this package makes ``mlx_audio.sts.load_model`` return our model; a script written
-against mlx-audio's own ``nemotron_voicechat`` keeps working through the objects here:
-
-- ``model.create_session()`` -> :class:`VoiceChatSession`, whose ``generate`` is our offline
-  ``Model.generate`` with mlx-audio's defaults (no trailing silence);
-- ``model.create_duplex_session(**kw)`` / ``VoiceChatSession.create_streaming_session(**kw)``
-  -> :class:`VoiceChatStreamingSession`, whose ``push_audio`` / ``flush`` / ``cancel`` return
-  mlx-audio's :class:`VoiceChatEvent` lists. It is a view of one of our streaming
-  :class:`~mlx_voicechat.nemotron_voicechat.runtime.session.Session` (``.session``): the same
-  per-frame step, each :class:`~mlx_voicechat.nemotron_voicechat.runtime.events.FrameEvent` turned
-  into mlx-audio's events. As in mlx-audio, every ``audio`` event carries one frame of speech (1764
-  samples); the codec's last samples, which ``flush`` makes, are kept in ``tail`` (see
-  docs/compat.md).
-
-Where we differ from mlx-audio on purpose (see docs/compat.md): other input rates are
-resampled rather than refused, int16 PCM is scaled to [-1, 1), ``system_prompt=None`` is
-NVIDIA's default prompt everywhere, the codec's 6-sample tail is kept (``tail``) rather than
-dropped, and the randomness is the session's own (mlx-audio seeds the global generator).
+``model.create_session()`` is a :class:`VoiceChatSession` (``generate``: our offline generation
+with mlx-audio's defaults); its ``create_streaming_session`` and ``model.create_duplex_session``
+give a :class:`VoiceChatStreamingSession`, a view of one of our streaming sessions
+(``.session``) that turns each frame's event into mlx-audio's events. Where we differ on
+purpose (resampling, int16 scaling, the default prompt, the codec's tail kept in ``tail``, the
+session's own randomness): docs/compat.md.
 """
 
 from __future__ import annotations

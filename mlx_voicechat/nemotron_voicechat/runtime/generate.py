@@ -1,13 +1,8 @@
-"""Offline generation: a loop over the one frame step of :mod:`.step`.
+"""Offline generation: a loop over the one frame step of :mod:`.step` (:func:`run_frames`).
 
-The frames run pipelined (:func:`run_frames`: each frame queued before the one ``LOOKAHEAD``
-frames back is read), each with its listening, RNNT symbols, thinking and speech. Two
-registered fast paths (``fastpaths``) do parts of the loop once for the whole input:
-``offline.encoder``, the encoder over the input with its trailing silence and the RNNT's greedy
-symbols of its output on the host after the loop (off: each frame's mel window on the
-encoder's context and its symbols, in the step, as a session hears it), and ``offline.codec``,
-the codec over all codes after the loop (off: the codec's frame in each step, as a session
-decodes it). The result holds the three texts, the per-frame ids and codes, and the reply.
+Two fast paths do part of the loop once for the whole input: ``offline.encoder`` (the encoder
+over all the input, the RNNT's symbols after the loop) and ``offline.codec`` (the codec over
+all codes after the loop); off, each frame listens and decodes in the step, as a session does.
 """
 
 from __future__ import annotations

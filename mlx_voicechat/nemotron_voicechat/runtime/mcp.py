@@ -1,16 +1,10 @@
-"""Tools that run: MCP servers (the Model Context Protocol) as a conversation's tools.
+"""MCP servers (the Model Context Protocol) as a conversation's tools.
 
-The official ``mcp`` SDK (the ``[mcp]`` extra) is asyncio; the frame loop must keep its 80 ms
-clock. So an :class:`MCPClient` owns one thread with its own event loop, on which every server
-connection lives and every call runs; the session's thread only submits calls and, between
-frames, takes the results that have arrived (:meth:`MCPTools.take_finished`) and queues them
-with ``add_tool_result``. Nothing here touches the model.
-
-Servers come from the common config ``{"mcpServers": {name: {"command", "args", "env"} |
-{"url", "headers"}}}`` (stdio or streamable HTTP; read by :mod:`.mcp_config`). Their tools become OpenAI function tools
-(a tool whose name two servers share is named ``server_tool``). Every failure (a server that
-does not start, dies mid-call or hangs, a tool error, an oversized result) becomes the text of
-a tool result the model hears, never an exception in the frame loop.
+The ``mcp`` SDK is asyncio and the frame loop must keep its clock, so an :class:`MCPClient` runs
+every connection and call on one thread with its own event loop; the session's thread submits
+calls and takes the finished results between frames (:meth:`MCPTools.take_finished`). Every
+failure becomes the text of a tool result the model hears, never an exception in the frame
+loop. The config and naming rules are :mod:`.mcp_config`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The timeline picture of a conversation: what was heard and said, frame by frame.
-
-One time axis, five rows from top to bottom: the user's audio, the user's words (RNNT),
-the assistant's words (text channel), the function channel, and the assistant's audio, with
-the assistant's turns (from a session's events) shaded behind its rows. Each word is written
-at the frame where it starts, so a reader sees who spoke when, what the model
-heard, and how far its answer trailed the question. Drawn with matplotlib's object API and the
-Agg canvas (no pyplot: the caller's backend and global state are left alone); matplotlib is
-the optional extra ``[plot]``.
+"""The timeline picture of a conversation: user audio, user words, assistant words, function
+channel and assistant audio on one time axis, the assistant's turns shaded. Drawn with
+matplotlib's object API and the Agg canvas (no pyplot state touched); the ``[plot]`` extra.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""The one frame step: every row of a frame state advanced by one 80 ms input frame.
+"""The one frame step: a frame state advanced by one 80 ms input frame.
 
-:func:`step` is the only code that advances a frame state: listen (each row's encoder frame on
-its own context, and the RNNT's greedy symbols of the frame on the device) -> think (LLM,
-heads) -> speak (TTS) -> decode (one code frame of the codec) -> the frame's words, packed for
-its one host read (:class:`ReadLayout`). Offline generation loops over it
-(``generate.run_frames``), a live batch queues it per round (``batch.SessionBatch``: sessions,
-the server, the mlx-audio layer), transcription-only runs it on a state without the LLM and
-speech (``rnnt_transcription``), and the speech over a prompt's positions is its :func:`speak`.
-A stage runs when the state has its part: without an encoder context and RNNT state, the
-frame's projected rows come heard already (offline's whole-input pass, the ``offline.encoder``
-fast path, which decodes the RNNT's symbols after the loop); without a codec state the
-codes are left undecoded (offline's one-shot decode, ``offline.codec``).
-
-Timeline (spec "Offline timeline loop", errata 10-12): the system prompt ``[bos] + ids + [eos]``
-takes the first ``P`` timeline positions on the audio channel; audio frame ``i`` is timeline
-position ``P + i``. A fresh conversation's prompt rows and its first audio frame are prefilled
-in one LLM call. The TTS speaks at every position ``t >= 1`` (prompt positions with the pad
-id, see :func:`~.framestate.start_state`); position 0 is never spoken: without a prompt, audio
-frame 0 gets the codec's silence codes.
-
-Within a frame the LLM and its heads run on the default stream and the speech on
-:func:`speech_stream`, reading the text id on the device: the frame needs no host read before
-its speech, and its speech runs beside the next frame's LLM. The step schedules the listening
-and the ids (the text id first); the speech is scheduled by the step (a live frame) or left to
-the caller (``pipelined``: offline first queues the next frame's LLM beside it).
+:func:`step` is the only code that advances a frame state: listen -> think -> speak -> decode
+-> the frame's words, packed for one host read (:class:`ReadLayout`). Offline, live batches,
+the server, the mlx-audio layer and transcription all drive it (docs/architecture.md). A stage
+runs only when the state has its part (no encoder/RNNT state: rows heard already; no codec
+state: codes left undecoded). Timeline (spec "Offline timeline loop", errata 10-12): the
+prompt takes positions ``0..P-1``, audio frame ``i`` is position ``P + i``; position 0 is never
+spoken. The speech runs on :func:`speech_stream`, beside the next frame's LLM.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The function channel, one id per frame, parsed into tool calls.
-
-The model marks a call with ``<SPECIAL_20>`` / ``<SPECIAL_21>`` (ids resolved from the
-tokenizer by string); between them it writes ``<TOOLCALL>[{"name": ..., "arguments": ...}]
-</TOOLCALL>``. :class:`ToolCallParser` collects the ids between the markers in O(1) per frame
-and decodes and parses them once, at the end marker (see :mod:`.tools` for the rest of the
-format).
+"""The function channel, one id per frame, parsed into tool calls: :class:`ToolCallParser`
+collects the ids between the ``<SPECIAL_20>`` / ``<SPECIAL_21>`` markers and parses the
+``<TOOLCALL>[...]</TOOLCALL>`` between them once, at the end marker (O(1) per frame).
 """
 
 from __future__ import annotations
