@@ -51,19 +51,10 @@ def add_arguments(p) -> None:
 
 def check(args) -> None:
     """One-line errors for Ray flags that do not go together."""
-    ray_flags = [
-        f
-        for f, v in (
-            ("--replicas", args.replicas),
-            ("--min-replicas", args.min_replicas),
-            ("--max-replicas", args.max_replicas),
-            ("--ray-address", args.ray_address),
-        )
-        if v is not None
-    ]
     if not args.ray:
-        if ray_flags:
-            raise RayDeployError(f"{ray_flags[0]} needs --ray")
+        for attr in ("replicas", "min_replicas", "max_replicas", "ray_address"):
+            if getattr(args, attr) is not None:
+                raise RayDeployError(f"--{attr.replace('_', '-')} needs --ray")
         return
     autoscale = args.min_replicas is not None or args.max_replicas is not None
     if args.replicas is not None and autoscale:

@@ -116,11 +116,7 @@ class StreamRun:
         """The events' audio without the codec's fixed delay: the events start with that many
         samples of nothing and the final event carries as many more, so dropping them gives
         the offline waveform."""
-        audio = (
-            np.concatenate([e.audio for e in self.events])
-            if self.events
-            else np.zeros(0, np.float32)
-        )
+        audio = np.concatenate([e.audio for e in self.events] or [np.zeros(0, np.float32)])
         frames = sum(1 for e in self.events if not e.remainder)
         delay = len(audio) - frames * samples_per_frame
         return audio[delay:] if delay > 0 else audio
@@ -238,12 +234,9 @@ def run(args) -> int:
         f"lookahead: frame k is computed once {per} k + {first} samples are in, {ahead} samples "
         f"({1000 * ahead / session.input_sample_rate:.1f} ms) before its 80 ms slot ends"
     )
+    reply = result.reply_audio(session.samples_per_frame)
     if args.output_audio:
-        save_wav(
-            args.output_audio,
-            result.reply_audio(session.samples_per_frame),
-            session.output_sample_rate,
-        )
+        save_wav(args.output_audio, reply, session.output_sample_rate)
         print(f"wrote {args.output_audio}", file=sys.stderr)
     if args.plot:
         timeline = plot.Timeline.from_events(
@@ -254,7 +247,7 @@ def run(args) -> int:
             model.config.frame_duration,
             title=f"mlx-voicechat stream {Path(args.audio).name}",
         )
-        timeline.output_audio = result.reply_audio(session.samples_per_frame)
+        timeline.output_audio = reply
         plot.save(timeline, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
