@@ -58,9 +58,9 @@ class VoiceChatEvent:
     audio_codes: Optional[mx.array] = None  # [Q] int32, after control-code replacement
 
 
-def _flag(name: str, value: Any) -> bool:
+def _flag(name: str, value: Any, error=SessionError) -> bool:
     if not isinstance(value, bool):
-        raise SessionError(f"{name} must be True or False, got {value!r}")
+        raise error(f"{name} must be True or False, got {value!r}")
     return value
 
 
@@ -95,27 +95,9 @@ class VoiceChatSession:
             **options,
         )
 
-    def create_streaming_session(
-        self,
-        *,
-        system_prompt: Optional[str] = None,
-        seed: int = 0,
-        max_streaming_seconds: Optional[float] = None,
-        use_language_cache: bool = True,
-        use_perception_cache: bool = True,
-        **options,
-    ) -> "VoiceChatStreamingSession":
-        """A :class:`VoiceChatStreamingSession`; ``options`` go to ``model.session`` (``noise``,
-        ``prompt``, ``tools``)."""
-        return VoiceChatStreamingSession(
-            self,
-            system_prompt=system_prompt,
-            seed=seed,
-            max_streaming_seconds=max_streaming_seconds,
-            use_language_cache=use_language_cache,
-            use_perception_cache=use_perception_cache,
-            **options,
-        )
+    def create_streaming_session(self, **options) -> "VoiceChatStreamingSession":
+        """A :class:`VoiceChatStreamingSession` with ``options`` (its keyword arguments)."""
+        return VoiceChatStreamingSession(self, **options)
 
 
 class VoiceChatStreamingSession:
@@ -261,6 +243,5 @@ class VoiceChatStreamingSession:
 
 def check_generate_compat(verbose, use_language_cache) -> None:
     """``Model.generate``'s mlx-audio flags: both must be booleans."""
-    for name, value in (("verbose", verbose), ("use_language_cache", use_language_cache)):
-        if not isinstance(value, bool):
-            raise GenerationError(f"{name} must be True or False, got {value!r}")
+    _flag("verbose", verbose, GenerationError)
+    _flag("use_language_cache", use_language_cache, GenerationError)

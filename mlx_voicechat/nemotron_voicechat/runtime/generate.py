@@ -145,6 +145,14 @@ def listen(
     return projected[:, :F], encoded[:, :F], F
 
 
+def rnnt_tokens(model, encoded: mx.array, F: int):
+    """The RNNT's greedy tokens of the encoder output ``encoded`` ``[1, F, D]``, on the host,
+    and the frame of each."""
+    stt = model.stt_model
+    joint, max_symbols = stt.rnnt_joint, model.config.audio_config.max_symbols
+    return greedy_decode(stt.rnnt_decoder, joint, encoded, F, joint.blank_id, max_symbols)
+
+
 def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_frames):
     """Each frame's listening for the offline loop: the projected rows of the whole-input pass
     (``offline.encoder``) and its encoder output, or each frame's mel window and the encoder
@@ -256,11 +264,7 @@ def generate(
         all_codes = np.stack([r.codes for r in reads])
         wave = np.concatenate([r.audio for r in reads] + [reads[-1].tail])[codec.stream_delay :]
     if state.rnnt is None:  # offline.encoder: the whole output's symbols, by the host
-        stt = model.stt_model
-        tokens, _ = greedy_decode(
-            stt.rnnt_decoder, stt.rnnt_joint, heard, F, stt.rnnt_joint.blank_id,
-            cfg.audio_config.max_symbols,
-        )
+        tokens, _ = rnnt_tokens(model, heard, F)
     else:
         tokens = [k for r in reads for k in r.labels]
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)

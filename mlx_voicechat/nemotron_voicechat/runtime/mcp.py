@@ -30,7 +30,6 @@ from .mcp_config import (  # noqa: F401  (the config's names are importable from
     parse_config,
     read_config,
     result_text,
-    shown_url,
 )
 from .tools import MAX_TOOLS
 
@@ -256,10 +255,6 @@ class MCPClient:
                 f"{self.max_result_chars} are passed on, so the result was dropped"
             ), "too_large"
         return text, None, "ok"
-
-    def running(self, server: str) -> bool:
-        conn = self._connections.get(server)
-        return conn is not None and conn.session is not None and not conn.task.done()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop every server (a stdio server's process ends) and the loop's thread."""
