@@ -61,12 +61,9 @@ def chat_loop(
     on_outcome: Optional[Callable] = None,
 ) -> int:
     """Feed ``source`` to ``session`` block by block and write every event's audio to ``sink``
-    until the source ends (then ``finish``) or the session reaches its cap. Returns the frames
-    run. A KeyboardInterrupt passes through, between or inside frames, for the caller to end
-    the conversation.
-
-    ``tools`` (a started ``nemotron_voicechat.runtime.mcp.MCPTools``) runs the calls the model makes
-    to its tools; each outcome is queued into the session before the next block and handed to
+    until the source ends (then ``finish``) or the session reaches its cap; returns the frames
+    run. A KeyboardInterrupt passes through for the caller. ``tools`` (started ``MCPTools``)
+    runs the model's calls; each outcome is queued before the next block and handed to
     ``on_outcome``."""
     from ..audio.devices import DeviceError
 

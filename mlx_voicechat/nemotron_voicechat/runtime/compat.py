@@ -53,7 +53,7 @@ class VoiceChatEvent:
     token_id: Optional[int] = None
     delta: Optional[str] = None
     text: Optional[str] = None
-    samples: Optional[mx.array] = None  # float32 at sample_rate (22050 Hz)
+    samples: Optional[mx.array] = None  # float32 at sample_rate
     sample_rate: Optional[int] = None
     audio_codes: Optional[mx.array] = None  # [Q] int32, after control-code replacement
 

@@ -20,7 +20,7 @@ class FrameEvent:
     text_id: int
     function_id: int
     codes: np.ndarray  # [Q] int32, after control-code replacement
-    audio: np.ndarray  # float32 at 22.05 kHz: 1764 samples (+ the codec's tail on the last)
+    audio: np.ndarray  # float32: one frame of speech (+ the codec's tail on the last)
     text: str = ""
     function_text: str = ""
     transcript: str = ""

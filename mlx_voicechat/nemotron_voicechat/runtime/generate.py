@@ -183,10 +183,9 @@ def run_frames(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[List[Tuple[int, int]], List[mx.array], List[FrameRead]]:
     """The frame step over every frame of ``frames`` (each frame's listening, or projected
-    rows ``[1, F, H]``): each frame is queued ``LOOKAHEAD`` frames before its words are read
-    (its LLM reads the previous ids on the device), and its speech is scheduled once the next
-    frame's LLM is queued, so that it runs on the speech stream beside that LLM. Returns the
-    ``(text, function)`` ids, the code frame ``[1, Q]`` and the read of each frame."""
+    rows ``[1, F, H]``), each read ``LOOKAHEAD`` frames after it is queued, its speech
+    scheduled beside the next frame's LLM. Returns the ``(text, function)`` ids, the code
+    frame ``[1, Q]`` and the read of each frame."""
     if isinstance(frames, mx.array):
         frames = [frames[:, i : i + 1] for i in range(frames.shape[1])]
     layout = ReadLayout(model, listen=state.rnnt is not None, speak=state.codec is not None)

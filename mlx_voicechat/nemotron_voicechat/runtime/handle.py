@@ -111,12 +111,12 @@ class SessionHandle:
         return max(self.audio.mel.received - self.frames * self.input_samples_per_frame, 0)
 
     def samples_needed(self, k: int) -> int:
-        """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
+        """16 kHz samples that must have arrived for frame ``k`` to be computed."""
         return self.audio.mel.samples_needed(k)
 
     @property
     def ready_before_slot_end(self) -> int:
-        """How many samples before the end of its 80 ms slot a frame is computed (1081)."""
+        """How many samples before the end of its 80 ms slot a frame is computed."""
         return self.input_samples_per_frame - self.audio.mel.samples_needed(0)
 
     def memory_per_minute(self) -> dict:

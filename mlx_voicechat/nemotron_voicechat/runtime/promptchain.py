@@ -36,11 +36,8 @@ def chain_max_bytes() -> int:
 @contextlib.contextmanager
 def _recording(caches) -> Iterator[List[list]]:
     """For the block, each of ``caches`` notes every ``(keys, values)`` it is updated with in
-    its tape (one list per cache, yielded). Undone after the block: the recording makes a
-    reference cycle (the cache holds the wrapper, the wrapper its bound method), so left in
-    place a chain's throw-away caches and their tapes (every recorded key and value) would
-    wait for Python's cyclic garbage collector instead of being freed when the chain is done
-    with them."""
+    its tape (one list per cache, yielded). Undone after the block: the wrapper makes a
+    reference cycle that would keep the tapes alive until the cyclic garbage collector runs."""
     tapes = [[] for _ in caches]
     for cache, tape in zip(caches, tapes):
 

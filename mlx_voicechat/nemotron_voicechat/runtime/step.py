@@ -48,16 +48,12 @@ def step(
     pipelined: bool = False,
 ) -> StepOut:
     """Advance every row of ``state`` (a :class:`~.framestate.FrameState`) by one frame;
-    nothing is read to the host.
-
-    The ids fed back are the heads' unless the row's flags force others: a forced id
-    (:class:`~.framestate.Flags`, a tool result's token, ``Session.force``), or, during a
-    barge-in, the silence id instead of the text head's id until that id is BOS (which ends
-    it). ``split_head``: on the CPU, run half of a big text head on :func:`head_stream` (the
-    same id, ``fastpaths.heads``): a live frame has nothing else to run beside its text head.
+    nothing is read to the host. The ids fed back are the heads' unless the row's
+    :class:`~.framestate.Flags` force others (forced ids; a barge-in feeds silence until BOS).
     ``layout``: pack the frame's words for its one host read into ``StepOut.words``.
-    ``pipelined``: the caller queues the next frame before it reads this one (offline): the
-    RNNT's symbols are scheduled now, the speech (``StepOut.speech``) is left to the caller."""
+    ``split_head``: on the CPU, half of a big text head on :func:`head_stream` (same id).
+    ``pipelined``: the caller queues the next frame before reading this one (offline), so the
+    speech (``StepOut.speech``) is left for it to schedule."""
     out, parts = StepOut(), {}
     projected, encoded = _listen(model, state, heard)
     if state.llm is not None:
