@@ -106,7 +106,10 @@ class SessionBatch:
 
     def set_quiet(self, handle: SessionHandle) -> None:
         """Start a barge-in on ``handle``'s row from its next frame."""
-        state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
+        if handle.joined:
+            state, i = self._state, self._rows.index(handle)
+        else:
+            state, i = handle.state, 0
         quiet = mx.array(state.flags.quiet)
         quiet[i] = True
         state.flags.quiet = quiet
@@ -202,7 +205,7 @@ class SessionBatch:
         """The frame step on ``state``'s rows; its words, not read yet."""
         return step(self.model, state, windows, layout=self.layout, split_head=True).words
 
-    def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries: list) -> None:
+    def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries) -> None:
         texts, functions = [], []
         for h in handles:
             text, function, forced, injected = h.book.next_forced()

@@ -155,10 +155,13 @@ class SessionHandle:
         self._check_open()
         if self._finished is not None:
             raise SessionError(
-                f"the session has ended ({self._finished}); call reset() to start a new conversation"
+                f"the session has ended ({self._finished}); "
+                "call reset() to start a new conversation"
             )
         if self.input_ended:
-            raise SessionError("the input has ended (finish() was called); call reset() to start again")
+            raise SessionError(
+                "the input has ended (finish() was called); call reset() to start again"
+            )
 
     # -- input -----------------------------------------------------------------------------
 
@@ -217,7 +220,9 @@ class SessionHandle:
         nothing is spoken meanwhile). Returns how many frames it takes."""
         self._check_open()
         if self.book.parser is None:
-            raise ToolError("this session has no tools; open it with model.session(..., tools=[...])")
+            raise ToolError(
+                "this session has no tools; open it with model.session(..., tools=[...])"
+            )
         ids = tool_result_ids(self.batch.model.tokenizer, output)
         self.book.add_tool_result(call_id, ids)
         return len(ids)

@@ -128,7 +128,7 @@ def resolve(
     cfg = model.config
     if noise is None:
         seed = check_seed(seed)
-    elif not (callable(getattr(noise, "gumbel", None)) and callable(getattr(noise, "normal", None))):
+    elif not all(callable(getattr(noise, name, None)) for name in ("gumbel", "normal")):
         raise RequestError("noise must have gumbel(shape) and normal(shape) methods")
     max_seconds = check_max_seconds(max_seconds)
     if tools and prompt is not None:
