@@ -40,7 +40,7 @@ def run(args) -> int:
     from ..errors import VoiceChatError
     from ..nemotron_voicechat.weights.factory import make_checkpoint
 
-    if getattr(args, "model", "voicechat") == "asr":
+    if args.model == "asr":
         from ..nemotron_asr.factory import make_recognizer_checkpoint
 
         layout = args.layout or "mlx-audio"

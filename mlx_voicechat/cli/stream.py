@@ -266,11 +266,9 @@ def run_transcription(args, model, samples) -> int:
     """``stream`` with a Nemotron-3.5-ASR checkpoint: a live transcription session."""
     from ..errors import VoiceChatError
 
-    if getattr(args, "output_audio", None) or getattr(args, "plot", None):
+    if args.output_audio or args.plot:
         raise VoiceChatError("a recognizer has no reply: leave out --output-audio and --plot")
-    session = model.session(
-        language=getattr(args, "language", None), prompt_id=getattr(args, "prompt_id", None)
-    )
+    session = model.session(language=args.language, prompt_id=args.prompt_id)
     printer = TranscriptPrinter()
     try:
         # The transcript needs no trailing silence (that is for a VoiceChat reply).

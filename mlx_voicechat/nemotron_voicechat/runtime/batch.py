@@ -173,7 +173,8 @@ class SessionBatch:
         return events
 
     def _settle(self) -> None:
-        """Schedule every array the next call reads (see ``FrameState.settle``)."""
+        """Schedule every array the next call reads: an array left lazy belongs to the streams
+        of the thread that made it, and the next call may come from another thread."""
         arrays = [] if self._state is None else self._state.arrays()
         for h in self._handles:
             arrays += h.audio.mel.arrays() + ([] if h.state is None else h.state.arrays())

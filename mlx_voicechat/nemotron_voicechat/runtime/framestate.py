@@ -147,13 +147,6 @@ class FrameState:
             out.append(self.prefix)
         return out
 
-    def settle(self) -> None:
-        """Schedule every array the next call will read: an array left lazy belongs to the
-        streams of the thread that made it, and the next call may come from another thread."""
-        arrays = [a for a in self.arrays() if isinstance(a, mx.array)]
-        if arrays:
-            mx.async_eval(*arrays)
-
     def copy(self) -> "FrameState":
         """A state of its own over the same arrays, as mlx-lm's prompt cache copies its
         snapshots (``copy.deepcopy``: new cache objects holding new array objects that share

@@ -13,12 +13,6 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
 
 from ...files import read_json
 from .toolcalls import (  # noqa: F401  (re-exported: tools.ToolCall etc. are the public names)
-    CALL_CLOSE,
-    CALL_OPEN,
-    END_TOKEN,
-    MAX_CALL_TOKENS,
-    RESERVED_TOKEN,
-    START_TOKEN,
     ToolCall,
     ToolCallParser,
     ToolError,
