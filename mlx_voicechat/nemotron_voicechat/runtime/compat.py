@@ -72,28 +72,11 @@ class VoiceChatSession:
         self.model = model
         self.tokenizer = model.tokenizer
 
-    def generate(
-        self,
-        audio,
-        *,
-        system_prompt: Optional[str] = None,
-        max_frames: Optional[int] = None,
-        extra_decoding_seconds: float = 0.0,
-        seed: int = 0,
-        use_language_cache: bool = False,
-        **options,
-    ) -> GenerationResult:
-        """``Model.generate`` with mlx-audio's session defaults (no trailing silence).
-        ``use_language_cache`` changes nothing: our LLM always keeps its cache."""
-        return self.model.generate(
-            audio,
-            system_prompt=system_prompt,
-            extra_decoding_seconds=extra_decoding_seconds,
-            seed=seed,
-            max_frames=max_frames,
-            use_language_cache=use_language_cache,
-            **options,
-        )
+    def generate(self, audio, *, extra_decoding_seconds: float = 0.0, **options):
+        """``Model.generate`` with mlx-audio's session default of no trailing silence; its other
+        keywords (``system_prompt``, ``max_frames``, ``seed``, ``use_language_cache``: that one
+        changes nothing, our LLM always keeps its cache) pass on. A :class:`GenerationResult`."""
+        return self.model.generate(audio, extra_decoding_seconds=extra_decoding_seconds, **options)
 
     def create_streaming_session(self, **options) -> "VoiceChatStreamingSession":
         """A :class:`VoiceChatStreamingSession` with ``options`` (its keyword arguments)."""
