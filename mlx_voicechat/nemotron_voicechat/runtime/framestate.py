@@ -148,10 +148,9 @@ class FrameState:
         return out
 
     def copy(self) -> "FrameState":
-        """A state of its own over the same arrays, as mlx-lm's prompt cache copies its
-        snapshots (``copy.deepcopy``: new cache objects holding new array objects that share
-        the data). mlx-lm's caches update their arrays by slice assignment, which changes the
-        array object it is called on, so a copy that shared them would write through."""
+        """A state of its own over the same data, by ``copy.deepcopy`` as mlx-lm's prompt cache
+        copies its snapshots: its caches update arrays by slice assignment, so a copy sharing
+        the array objects would write through."""
         return copy.deepcopy(self)
 
     # -- rows: mlx-lm's batch protocol, cache by cache ---------------------------------------

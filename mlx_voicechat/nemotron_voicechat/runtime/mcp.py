@@ -82,6 +82,7 @@ class _Connection:
     async def run(self, ready: asyncio.Future, max_response_bytes: int) -> None:
         from mcp import ClientSession, StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
+        from mcp.types import PaginatedRequestParams
 
         spec = self.spec
         self.stop = asyncio.Event()
@@ -106,8 +107,6 @@ class _Connection:
                 await session.initialize()
                 tools, cursor = [], None
                 while True:
-                    from mcp.types import PaginatedRequestParams
-
                     params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
                     listed = await session.list_tools(params=params)
                     tools += listed.tools

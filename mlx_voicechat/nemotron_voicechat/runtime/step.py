@@ -284,10 +284,8 @@ _HEAD_STREAMS = threading.local()
 
 
 def speech_stream() -> mx.Stream:
-    """The stream the TTS half of every frame runs on: a second stream on the default device,
-    one per thread and device, so that a frame's speech runs beside the next frame's LLM (on
-    the CPU, a second core). MLX streams belong to the thread that made them, so each thread
-    that generates gets its own."""
+    """The stream the TTS half of every frame runs on, beside the next frame's LLM: a second
+    stream on the default device, one per thread (MLX streams belong to their thread)."""
     return _thread_stream(_SPEECH_STREAMS)
 
 
