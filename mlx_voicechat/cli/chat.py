@@ -37,16 +37,12 @@ def add_parser(subparsers):
         help="how long an MCP tool call may take before the model hears it timed out "
         "(default 30)",
     )
-    p.add_argument(
-        "--input-device",
-        default=None,
-        help="microphone: PortAudio device index or name (default: the system's)",
-    )
-    p.add_argument(
-        "--output-device",
-        default=None,
-        help="speaker: PortAudio device index or name (default: the system's)",
-    )
+    for side, device in (("input", "microphone"), ("output", "speaker")):
+        p.add_argument(
+            f"--{side}-device",
+            default=None,
+            help=f"{device}: PortAudio device index or name (default: the system's)",
+        )
     p.set_defaults(func=run)
     return p
 
