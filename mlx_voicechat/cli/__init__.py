@@ -1,10 +1,9 @@
 """``mlx-voicechat``: one subcommand per verb. Errors are one line on stderr and exit code 2.
 
-Each verb is a module ``mlx_voicechat.cli.<verb>`` with ``add_parser(subparsers)`` (which sets
-``func`` to the verb's ``run``) and ``run(args) -> int``; a new verb is one line in ``VERBS``.
-Verb modules keep their heavy imports inside ``run``: building the parser imports no mlx, so
-``--help`` is quick and nothing has imported ``mlx_lm.utils`` (which lowers the process's
-open-file limits) before ``serve`` saves them.
+Each verb is a module ``mlx_voicechat.cli.<verb>`` (a line in ``VERBS``) with
+``add_parser(subparsers)`` and ``run(args) -> int``. Verbs import heavy modules inside ``run``:
+``--help`` stays quick, and no ``mlx_lm.utils`` import lowers the open-file limits before
+``serve`` saves them.
 """
 
 from __future__ import annotations

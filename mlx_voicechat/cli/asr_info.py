@@ -4,20 +4,17 @@ the safetensors headers only."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from pathlib import Path
 
-from .headers import parameter_counts, quantized_modules, tensor_headers
+from .headers import network_report, quantized_modules, tensor_headers
 
 # Key prefixes of either layout (mlx-audio's names first, then Transformers').
-NETWORKS = OrderedDict(
-    [
-        ("encoder", ("encoder.",)),
-        ("prompt", ("prompt_kernel.", "prompt_projector.")),
-        ("prediction", ("decoder.",)),
-        ("joint", ("joint.", "encoder_projector.")),
-    ]
-)
+NETWORKS = {
+    "encoder": ("encoder.",),
+    "prompt": ("prompt_kernel.", "prompt_projector."),
+    "prediction": ("decoder.",),
+    "joint": ("joint.", "encoder_projector."),
+}
 
 
 def recognizer_info(folder: Path, raw: dict) -> dict:
@@ -27,7 +24,6 @@ def recognizer_info(folder: Path, raw: dict) -> dict:
     shapes = tensor_headers(folder)
     quantized = quantized_modules(shapes)
     q = config.quantization if isinstance(config.quantization, dict) else {}
-    counts, dtypes = parameter_counts(shapes, quantized, lambda m: q.get("bits", 4), NETWORKS)
     summary = None
     if quantized:
         summary = {
@@ -49,12 +45,7 @@ def recognizer_info(folder: Path, raw: dict) -> dict:
         "prompts": p.num_prompts,
         "languages": sorted(k for k in p.prompt_dictionary if k != "auto"),
         "default_prompt_id": p.default_prompt_id if p.num_prompts else None,
-        "networks": {
-            name: {"parameters": counts[name], "dtypes": sorted(dtypes[name])}
-            for name in list(NETWORKS) + ["other"]
-            if counts.get(name)
-        },
-        "total_parameters": sum(counts.values()),
+        **network_report(shapes, quantized, lambda m: q.get("bits", 4), NETWORKS),
     }
 
 

@@ -1,13 +1,8 @@
 """``mlx-voicechat chat``: talk to the model from the terminal, microphone in, speakers out.
 
-The loop (:func:`chat_loop`) reads 80 ms blocks from an audio source, feeds them to the
-session, plays each event's speech on the sink and prints the words as they come. It knows the
-devices only through ``audio.devices``' source / sink interface, so tests drive it with
-arrays. Ctrl-C ends the conversation cleanly.
-
-With ``--mcp FILE`` the MCP servers of FILE are started, their tools are the model's, and a
-call the model makes runs on the MCP client's own thread (``nemotron_voicechat.runtime.mcp``) while
-the loop goes on; each result is queued with ``add_tool_result`` between frames, when it arrives.
+:func:`chat_loop` knows the devices only through ``audio.devices``' source / sink interface, so
+tests drive it with arrays. With ``--mcp FILE`` the servers' tools are the model's; their calls
+run on the MCP client's thread and each result is queued between frames.
 """
 
 from __future__ import annotations
@@ -42,16 +37,12 @@ def add_parser(subparsers):
         help="how long an MCP tool call may take before the model hears it timed out "
         "(default 30)",
     )
-    p.add_argument(
-        "--input-device",
-        default=None,
-        help="microphone: PortAudio device index or name (default: the system's)",
-    )
-    p.add_argument(
-        "--output-device",
-        default=None,
-        help="speaker: PortAudio device index or name (default: the system's)",
-    )
+    for side, device in (("input", "microphone"), ("output", "speaker")):
+        p.add_argument(
+            f"--{side}-device",
+            default=None,
+            help=f"{device}: PortAudio device index or name (default: the system's)",
+        )
     p.set_defaults(func=run)
     return p
 
@@ -66,12 +57,9 @@ def chat_loop(
     on_outcome: Optional[Callable] = None,
 ) -> int:
     """Feed ``source`` to ``session`` block by block and write every event's audio to ``sink``
-    until the source ends (then ``finish``) or the session reaches its cap. Returns the frames
-    run. A KeyboardInterrupt passes through, between or inside frames, for the caller to end
-    the conversation.
-
-    ``tools`` (a started ``nemotron_voicechat.runtime.mcp.MCPTools``) runs the calls the model makes
-    to its tools; each outcome is queued into the session before the next block and handed to
+    until the source ends (then ``finish``) or the session reaches its cap; returns the frames
+    run. A KeyboardInterrupt passes through for the caller. ``tools`` (started ``MCPTools``)
+    runs the model's calls; each outcome is queued before the next block and handed to
     ``on_outcome``."""
     from ..audio.devices import DeviceError
 

@@ -27,36 +27,34 @@ def add_parser(subparsers):
 
 class _Progress:
     def __init__(self, enabled: bool):
-        self.enabled, self.bar, self.start = enabled, None, time.perf_counter()
-        self.prompt_bar = None
+        self.enabled, self.bars, self.start = enabled, {}, time.perf_counter()
+
+    def _update(self, total: int, unit: str, **options):
+        """The bar of ``unit``, made on first use and advanced by one (None: no bar)."""
+        if not self.enabled or total < PROGRESS_MIN_FRAMES:
+            return None
+        if unit not in self.bars:
+            from tqdm import tqdm
+
+            self.bars[unit] = tqdm(total=total, unit=unit, leave=False, **options)
+        self.bars[unit].update(1)
+        return self.bars[unit]
 
     def prompt(self, done: int, total: int) -> None:
         """The TTS steps over the system prompt's positions, before the first audio frame."""
-        if not self.enabled or total < PROGRESS_MIN_FRAMES:
-            return
-        if self.prompt_bar is None:
-            from tqdm import tqdm
-
-            self.prompt_bar = tqdm(total=total, unit="step", desc="system prompt", leave=False)
-        self.prompt_bar.update(1)
-        if done == total:
-            self.prompt_bar.close()
+        bar = self._update(total, "step", desc="system prompt")
+        if bar is not None and done == total:
+            bar.close()
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < PROGRESS_MIN_FRAMES:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="frame", leave=False)
-        self.bar.update(1)
-        elapsed = time.perf_counter() - self.start
-        self.bar.set_postfix(rtf=f"{elapsed / (done * 0.08):.2f}")
+        bar = self._update(total, "frame")
+        if bar is not None:
+            elapsed = time.perf_counter() - self.start
+            bar.set_postfix(rtf=f"{elapsed / (done * 0.08):.2f}")
 
     def close(self):
-        for bar in (self.prompt_bar, self.bar):
-            if bar is not None:
-                bar.close()
+        for bar in self.bars.values():
+            bar.close()
 
 
 def run(args) -> int:

@@ -5,14 +5,6 @@ and dtypes per network (no tensor is read)."""
 from __future__ import annotations
 
 
-def network_of(key: str, networks) -> str:
-    """The network whose key prefixes ``key`` starts with, else ``other``."""
-    for name, prefixes in networks.items():
-        if key.startswith(prefixes):
-            return name
-    return "other"
-
-
 def tensor_headers(folder) -> dict:
     """``{key: (shape, dtype)}`` of every tensor in the folder's safetensors files, from their
     headers (no tensor is read)."""
@@ -38,24 +30,31 @@ def quantized_modules(shapes) -> set:
     return {k[: -len(".scales")] for k in shapes if k.endswith(".scales")}
 
 
-def parameter_counts(shapes, quantized, bits_of, networks):
-    """Parameters and dtypes per network (``{name: n}``, ``{name: {dtype}}``, the networks'
-    order, then ``other``): a packed weight counts its unpacked values (``bits_of(module)``
-    bits each), its scales and biases count nothing."""
+def network_report(shapes, quantized, bits_of, networks) -> dict:
+    """``networks`` (parameters and dtypes of each network that has any, in ``networks``'
+    order, then ``other``) and ``total_parameters``: a packed weight counts its unpacked values
+    (``bits_of(module)`` bits each), its scales and biases count nothing."""
     counts = {name: 0 for name in networks}
     dtypes = {name: set() for name in networks}
     for k, (shape, dtype) in shapes.items():
-        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] in quantized:
+        module = k.rsplit(".", 1)[0]
+        if k.endswith((".scales", ".biases")) and module in quantized:
             continue
         n = 1
         for s in shape:
             n *= s
-        module = k.rsplit(".", 1)[0]
         if module in quantized and k.endswith(".weight"):
             bits = bits_of(module)
             n = n * 32 // bits
             dtype = f"{dtype}/{bits}-bit"
-        net = network_of(k, networks)
+        net = next((name for name, prefixes in networks.items() if k.startswith(prefixes)), "other")
         counts[net] = counts.get(net, 0) + n
         dtypes.setdefault(net, set()).add(dtype)
-    return counts, dtypes
+    return {
+        "networks": {
+            name: {"parameters": n, "dtypes": sorted(dtypes[name])}
+            for name, n in counts.items()
+            if n
+        },
+        "total_parameters": sum(counts.values()),
+    }

@@ -5,9 +5,8 @@ the BLAS in effect."""
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 
-from .headers import parameter_counts, quantized_modules, tensor_headers
+from .headers import network_report, quantized_modules, tensor_headers
 
 
 def add_parser(subparsers):
@@ -23,32 +22,19 @@ def add_parser(subparsers):
     return p
 
 
-NETWORKS = OrderedDict(
-    [
-        ("perception", ("stt_model.perception.",)),
-        ("rnnt", ("stt_model.rnnt_decoder.", "stt_model.rnnt_joint.")),
-        (
-            "llm",
-            (
-                "stt_model.llm.",
-                "stt_model.embed_tokens.",
-                "stt_model.lm_head.",
-                "stt_model.function_head.",
-            ),
-        ),
-        (
-            "tts",
-            (
-                "tts_model.tts_model.",
-                "tts_model.audio_prompt_latents.",
-                "tts_model.codec_silence_tokens",
-                "tts_model._control_codes",
-                "tts_model.control_codes",
-            ),
-        ),
-        ("codec", ("tts_model.audio_codec.",)),
-    ]
-)
+NETWORKS = {
+    "perception": ("stt_model.perception.",),
+    "rnnt": ("stt_model.rnnt_decoder.", "stt_model.rnnt_joint."),
+    "llm": tuple(f"stt_model.{m}." for m in ("llm", "embed_tokens", "lm_head", "function_head")),
+    "tts": (
+        "tts_model.tts_model.",
+        "tts_model.audio_prompt_latents.",
+        "tts_model.codec_silence_tokens",
+        "tts_model._control_codes",
+        "tts_model.control_codes",
+    ),
+    "codec": ("tts_model.audio_codec.",),
+}
 
 
 def _infer_quantization(config, shapes, quantized) -> dict:
@@ -94,7 +80,6 @@ def checkpoint_info(path) -> dict:
         per_module = q.get(module) if isinstance(q.get(module), dict) else {}
         return per_module.get("bits") or q.get("bits") or inferred.get(module, (4, 0))[0]
 
-    counts, dtypes = parameter_counts(shapes, quantized, bits_of, NETWORKS)
     summary = None
     if quantized and q:
         summary = {"bits": q.get("bits"), "group_size": q.get("group_size")}
@@ -113,12 +98,7 @@ def checkpoint_info(path) -> dict:
         "path": str(folder),
         "layout": config.layout,
         "quantization": summary,
-        "networks": {
-            name: {"parameters": counts[name], "dtypes": sorted(dtypes[name])}
-            for name in counts
-            if counts[name]
-        },
-        "total_parameters": sum(counts.values()),
+        **network_report(shapes, quantized, bits_of, NETWORKS),
     }
 
 

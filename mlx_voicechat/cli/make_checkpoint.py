@@ -40,7 +40,15 @@ def run(args) -> int:
     from ..errors import VoiceChatError
     from ..nemotron_voicechat.weights.factory import make_checkpoint
 
-    if getattr(args, "model", "voicechat") == "asr":
+    options = dict(
+        scale=args.scale,
+        quantize=args.quantize,
+        group_size=args.group_size,
+        seed=args.seed,
+        dtype=args.dtype,
+        force=args.force,
+    )
+    if args.model == "asr":
         from ..nemotron_asr.factory import make_recognizer_checkpoint
 
         layout = args.layout or "mlx-audio"
@@ -49,15 +57,7 @@ def run(args) -> int:
                 "--model asr takes --scale tiny, small or full, and no --no-tokenizer"
             )
         out = make_recognizer_checkpoint(
-            args.dir,
-            scale=args.scale,
-            layout=layout,
-            quantize=args.quantize,
-            group_size=args.group_size,
-            seed=args.seed,
-            dtype=args.dtype,
-            prompt=not args.no_prompt,
-            force=args.force,
+            args.dir, layout=layout, prompt=not args.no_prompt, **options
         )
         print(f"wrote a {args.scale} {layout} Nemotron-3.5-ASR checkpoint to {out}")
         return 0
@@ -66,15 +66,7 @@ def run(args) -> int:
         raise VoiceChatError("--layout transformers and --no-prompt are for --model asr")
 
     out = make_checkpoint(
-        args.dir,
-        scale=args.scale,
-        layout=args.layout,
-        quantize=args.quantize,
-        group_size=args.group_size,
-        seed=args.seed,
-        dtype=args.dtype,
-        with_tokenizer=not args.no_tokenizer,
-        force=args.force,
+        args.dir, layout=args.layout, with_tokenizer=not args.no_tokenizer, **options
     )
     print(f"wrote a {args.scale} {args.layout} checkpoint to {out}")
     return 0

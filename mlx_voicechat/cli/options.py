@@ -15,11 +15,15 @@ def add_conversation_options(p) -> None:
         default=None,
         help='system prompt (default: NVIDIA\'s default prompt; -p "" for none)',
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
+    add_seed_option(p)
     p.add_argument(
         "--tools", default=None, metavar="FILE.json", help="tools the model may call (a JSON list)"
     )
     add_tokenizer_option(p)
+
+
+def add_seed_option(p) -> None:
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
 
 
 def add_tokenizer_option(p) -> None:

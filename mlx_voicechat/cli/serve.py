@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..errors import VoiceChatError
+from .options import MODEL_HELP, add_seed_option, add_tokenizer_option
 
 KEY_ENV = "MLX_VOICECHAT_API_KEY"
 
@@ -25,7 +26,7 @@ def add_parser(subparsers):
             "--ssl-certfile)."
         ),
     )
-    p.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
@@ -135,8 +136,8 @@ def add_parser(subparsers):
         action="store_true",
         help="serve GET /metrics without the API key (for a scraper on a private network)",
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the speech (default 0)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (NVIDIA raw layout)")
+    add_seed_option(p)
+    add_tokenizer_option(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from . import serve_ray
 
@@ -194,24 +195,21 @@ def run(args) -> int:
             f"serving needs FastAPI and uvicorn ({e.name} is missing): "
             "pip install 'mlx-voicechat[server]'"
         ) from None
-    if not 0 < args.port < 65536:
-        raise ServeError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_sessions < 1:
-        raise ServeError(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    if not args.max_lag_seconds > 0:
-        raise ServeError(f"--max-lag-seconds must be > 0, got {args.max_lag_seconds}")
-    if not args.idle_timeout >= 0:
-        raise ServeError(f"--idle-timeout must be >= 0 seconds, got {args.idle_timeout}")
-    if args.max_prompt_tokens < 1:
-        raise ServeError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
-    if args.max_connections < 1:
-        raise ServeError(f"--max-connections must be at least 1, got {args.max_connections}")
-    for flag in ("header_timeout", "keep_alive_timeout", "shutdown_timeout"):
-        if not getattr(args, flag) > 0:
-            name = "--" + flag.replace("_", "-")
-            raise ServeError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
-    if not args.tool_timeout > 0:
-        raise ServeError(f"--tool-timeout must be > 0 seconds, got {args.tool_timeout}")
+    for attr, ok, rule in (
+        ("port", 0 < args.port < 65536, "in 1..65535"),
+        ("max_sessions", args.max_sessions >= 1, "at least 1"),
+        ("max_lag_seconds", args.max_lag_seconds > 0, "> 0"),
+        ("idle_timeout", args.idle_timeout >= 0, ">= 0 seconds"),
+        ("max_prompt_tokens", args.max_prompt_tokens >= 1, "at least 1"),
+        ("max_connections", args.max_connections >= 1, "at least 1"),
+        ("header_timeout", args.header_timeout > 0, "> 0 seconds"),
+        ("keep_alive_timeout", args.keep_alive_timeout > 0, "> 0 seconds"),
+        ("shutdown_timeout", args.shutdown_timeout > 0, "> 0 seconds"),
+        ("tool_timeout", args.tool_timeout > 0, "> 0 seconds"),
+    ):
+        if not ok:
+            flag = "--" + attr.replace("_", "-")
+            raise ServeError(f"{flag} must be {rule}, got {getattr(args, attr)}")
     for prefix in args.mcp_allow:
         if not prefix.startswith(("http://", "https://")) or "://" == prefix[-3:]:
             raise ServeError(f"--mcp-allow takes an http:// or https:// URL prefix, not {prefix!r}")

@@ -1,10 +1,9 @@
 """``mlx-voicechat serve --ray``: the same server as replicas on a Ray cluster (Ray Serve).
 
-Joins the cluster at ``--ray-address`` (or starts a local one), deploys
-:func:`mlx_voicechat.serve.ray_app.realtime_app` with Ray's HTTP proxy on ``--host:--port``,
-and on Ctrl-C / SIGTERM deletes its deployment (and stops what it started: Serve where no other
-application is left, the local cluster, and every process of that cluster, also those Ray
-restarted after a replica died and those whose parent went first).
+Joins ``--ray-address`` (or starts a local cluster), deploys
+:func:`mlx_voicechat.serve.ray_app.realtime_app` behind Ray's proxy on ``--host:--port``, and on
+Ctrl-C / SIGTERM deletes the deployment and stops whatever it started (every process of a local
+cluster included).
 """
 
 from __future__ import annotations
@@ -52,19 +51,10 @@ def add_arguments(p) -> None:
 
 def check(args) -> None:
     """One-line errors for Ray flags that do not go together."""
-    ray_flags = [
-        f
-        for f, v in (
-            ("--replicas", args.replicas),
-            ("--min-replicas", args.min_replicas),
-            ("--max-replicas", args.max_replicas),
-            ("--ray-address", args.ray_address),
-        )
-        if v is not None
-    ]
     if not args.ray:
-        if ray_flags:
-            raise RayDeployError(f"{ray_flags[0]} needs --ray")
+        for attr in ("replicas", "min_replicas", "max_replicas", "ray_address"):
+            if getattr(args, attr) is not None:
+                raise RayDeployError(f"--{attr.replace('_', '-')} needs --ray")
         return
     autoscale = args.min_replicas is not None or args.max_replicas is not None
     if args.replicas is not None and autoscale:

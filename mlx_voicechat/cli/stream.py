@@ -1,11 +1,7 @@
-"""``mlx-voicechat stream``: an audio file fed to a streaming session as if it were live.
-
-The file goes in 80 ms chunks (at real time with ``--realtime``), followed by
-``--extra-decoding-seconds`` of silence in the same chunks, then ``finish``. Words are printed
-as the events bring them. At the end: the latency of each frame, from the moment the last
-sample it needs was fed (sample ``session.samples_needed(k)``; with ``--realtime``, the moment
-that sample's chunk was due) to the return of its event with audio, and the real-time factor
-(compute time over audio time). The reply WAV equals ``generate``'s on the same input.
+"""``mlx-voicechat stream``: an audio file fed to a streaming session in 80 ms chunks as if live
+(at real time with ``--realtime``), then the trailing silence and ``finish``. Prints the words
+as they come, each frame's latency (from its last needed sample fed to its event) and the
+real-time factor. The reply WAV equals ``generate``'s on the same input.
 """
 
 from __future__ import annotations
@@ -120,11 +116,7 @@ class StreamRun:
         """The events' audio without the codec's fixed delay: the events start with that many
         samples of nothing and the final event carries as many more, so dropping them gives
         the offline waveform."""
-        audio = (
-            np.concatenate([e.audio for e in self.events])
-            if self.events
-            else np.zeros(0, np.float32)
-        )
+        audio = np.concatenate([e.audio for e in self.events] or [np.zeros(0, np.float32)])
         frames = sum(1 for e in self.events if not e.remainder)
         delay = len(audio) - frames * samples_per_frame
         return audio[delay:] if delay > 0 else audio
@@ -242,12 +234,9 @@ def run(args) -> int:
         f"lookahead: frame k is computed once {per} k + {first} samples are in, {ahead} samples "
         f"({1000 * ahead / session.input_sample_rate:.1f} ms) before its 80 ms slot ends"
     )
+    reply = result.reply_audio(session.samples_per_frame)
     if args.output_audio:
-        save_wav(
-            args.output_audio,
-            result.reply_audio(session.samples_per_frame),
-            session.output_sample_rate,
-        )
+        save_wav(args.output_audio, reply, session.output_sample_rate)
         print(f"wrote {args.output_audio}", file=sys.stderr)
     if args.plot:
         timeline = plot.Timeline.from_events(
@@ -258,7 +247,7 @@ def run(args) -> int:
             model.config.frame_duration,
             title=f"mlx-voicechat stream {Path(args.audio).name}",
         )
-        timeline.output_audio = result.reply_audio(session.samples_per_frame)
+        timeline.output_audio = reply
         plot.save(timeline, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
@@ -277,11 +266,9 @@ def run_transcription(args, model, samples) -> int:
     """``stream`` with a Nemotron-3.5-ASR checkpoint: a live transcription session."""
     from ..errors import VoiceChatError
 
-    if getattr(args, "output_audio", None) or getattr(args, "plot", None):
+    if args.output_audio or args.plot:
         raise VoiceChatError("a recognizer has no reply: leave out --output-audio and --plot")
-    session = model.session(
-        language=getattr(args, "language", None), prompt_id=getattr(args, "prompt_id", None)
-    )
+    session = model.session(language=args.language, prompt_id=args.prompt_id)
     printer = TranscriptPrinter()
     try:
         # The transcript needs no trailing silence (that is for a VoiceChat reply).

@@ -51,26 +51,23 @@ def run(args, load_fn=None) -> int:
         from .. import load
 
         def load_fn(path):
-            return load(path, tokenizer=getattr(args, "tokenizer", None))
+            return load(path, tokenizer=args.tokenizer)
 
-    audio = getattr(args, "audio", None) or []
-    paths = list(getattr(args, "files", None) or []) + (
-        [audio] if isinstance(audio, str) else audio
-    )
+    paths = args.files + args.audio
     if not paths:
         raise VoiceChatError("no audio file given (transcribe --model M a.wav [b.wav ...])")
     clips = [load_audio(p) for p in paths]  # a bad file fails before the model loads
     model = load_fn(args.model)
-    language, prompt_id = getattr(args, "language", None), getattr(args, "prompt_id", None)
+    language, prompt_id = args.language, args.prompt_id
     if getattr(model, "resolve_prompt", None) is not None:  # a Nemotron-3.5-ASR recognizer
-        kw = dict(language=language, prompt_id=prompt_id, edge=getattr(args, "edge", "nemo"))
+        kw = dict(language=language, prompt_id=prompt_id, edge=args.edge)
         if args.benchmark:
             model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], **kw)
         results = model.transcribe(clips, **kw)
     else:
         if language is not None or prompt_id is not None:
             raise VoiceChatError("--language and --prompt-id are for a Nemotron-3.5-ASR checkpoint")
-        chunk = getattr(args, "chunk_frames", None)
+        chunk = args.chunk_frames
         if args.benchmark:
             model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
         results = [model.transcribe(c, chunk_size=chunk) for c in clips]

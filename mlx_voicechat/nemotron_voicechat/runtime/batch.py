@@ -1,19 +1,10 @@
 """Batched live sessions: every conversation of a model advanced by one forward per frame.
 
-``batch = model.session_batch(max_sessions=8)``; ``s = batch.open(...)`` opens a conversation
-(a :class:`~.handle.SessionHandle`); ``s.push(samples)`` buffers audio; ``batch.step()`` runs every frame
-that is ready, the conversations that have one in one batched frame per round, until none has
-a complete frame, and returns each conversation's events. ``model.session()`` is a batch of
-one (:class:`~.session.Session`): the same code for one conversation or many.
-
-A conversation joins the way mlx-lm's ``BatchGenerator`` adds a request: its first frame (the
-prompt's prefill, or position 0's silence) runs alone from the cached post-prompt state, then
-its rows are merged into the batch's frame state; it leaves by ``filter``. A round in which
-only some conversations have a frame runs those rows (gathered, then written back). Each round
-is queued before the previous one is read, and read once: one host read per batched frame.
-Every row computes what it computes alone, so each conversation's events equal the same
-conversation run through ``model.session()`` (bit for bit with MLX's CPU BLAS; see
-``caches``).
+``s = batch.open(...)`` opens a conversation (a :class:`~.handle.SessionHandle`),
+``s.push(samples)`` buffers audio, ``batch.step()`` runs every ready frame in batched rounds and
+returns each conversation's events. As in mlx-lm's ``BatchGenerator``, a conversation's first
+frame runs alone, then its rows are merged in; it leaves by ``filter``. One host read per
+round, and each conversation's events equal ``model.session()``'s bit for bit (see ``caches``).
 """
 
 from __future__ import annotations
@@ -115,7 +106,10 @@ class SessionBatch:
 
     def set_quiet(self, handle: SessionHandle) -> None:
         """Start a barge-in on ``handle``'s row from its next frame."""
-        state, i = (handle.state, 0) if not handle.joined else (self._state, self._rows.index(handle))
+        if handle.joined:
+            state, i = self._state, self._rows.index(handle)
+        else:
+            state, i = handle.state, 0
         quiet = mx.array(state.flags.quiet)
         quiet[i] = True
         state.flags.quiet = quiet
@@ -179,7 +173,8 @@ class SessionBatch:
         return events
 
     def _settle(self) -> None:
-        """Schedule every array the next call reads (see ``FrameState.settle``)."""
+        """Schedule every array the next call reads: an array left lazy belongs to the streams
+        of the thread that made it, and the next call may come from another thread."""
         arrays = [] if self._state is None else self._state.arrays()
         for h in self._handles:
             arrays += h.audio.mel.arrays() + ([] if h.state is None else h.state.arrays())
@@ -211,7 +206,7 @@ class SessionBatch:
         """The frame step on ``state``'s rows; its words, not read yet."""
         return step(self.model, state, windows, layout=self.layout, split_head=True).words
 
-    def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries: list) -> None:
+    def _set_forced(self, state: FrameState, handles: Sequence[SessionHandle], entries) -> None:
         texts, functions = [], []
         for h in handles:
             text, function, forced, injected = h.book.next_forced()

@@ -1,23 +1,12 @@
-"""mlx-audio 0.6.2's NemotronVoiceChat API, over ours.
+"""mlx-audio 0.6.2's NemotronVoiceChat API, over ours (``mlx_audio.sts.load_model`` returns our
+model once this package is installed).
 
-Installing this package makes ``mlx_audio.sts.load_model`` return our model; a script written
-against mlx-audio's own ``nemotron_voicechat`` keeps working through the objects here:
-
-- ``model.create_session()`` -> :class:`VoiceChatSession`, whose ``generate`` is our offline
-  ``Model.generate`` with mlx-audio's defaults (no trailing silence);
-- ``model.create_duplex_session(**kw)`` / ``VoiceChatSession.create_streaming_session(**kw)``
-  -> :class:`VoiceChatStreamingSession`, whose ``push_audio`` / ``flush`` / ``cancel`` return
-  mlx-audio's :class:`VoiceChatEvent` lists. It is a view of one of our streaming
-  :class:`~mlx_voicechat.nemotron_voicechat.runtime.session.Session` (``.session``): the same
-  per-frame step, each :class:`~mlx_voicechat.nemotron_voicechat.runtime.events.FrameEvent` turned
-  into mlx-audio's events. As in mlx-audio, every ``audio`` event carries one frame of speech (1764
-  samples); the codec's last samples, which ``flush`` makes, are kept in ``tail`` (see
-  docs/compat.md).
-
-Where we differ from mlx-audio on purpose (see docs/compat.md): other input rates are
-resampled rather than refused, int16 PCM is scaled to [-1, 1), ``system_prompt=None`` is
-NVIDIA's default prompt everywhere, the codec's 6-sample tail is kept (``tail``) rather than
-dropped, and the randomness is the session's own (mlx-audio seeds the global generator).
+``model.create_session()`` is a :class:`VoiceChatSession` (``generate``: our offline generation
+with mlx-audio's defaults); its ``create_streaming_session`` and ``model.create_duplex_session``
+give a :class:`VoiceChatStreamingSession`, a view of one of our streaming sessions
+(``.session``) that turns each frame's event into mlx-audio's events. Where we differ on
+purpose (resampling, int16 scaling, the default prompt, the codec's tail kept in ``tail``, the
+session's own randomness): docs/compat.md.
 """
 
 from __future__ import annotations
@@ -64,14 +53,14 @@ class VoiceChatEvent:
     token_id: Optional[int] = None
     delta: Optional[str] = None
     text: Optional[str] = None
-    samples: Optional[mx.array] = None  # float32 at sample_rate (22050 Hz)
+    samples: Optional[mx.array] = None  # float32 at sample_rate
     sample_rate: Optional[int] = None
     audio_codes: Optional[mx.array] = None  # [Q] int32, after control-code replacement
 
 
-def _flag(name: str, value: Any) -> bool:
+def _flag(name: str, value: Any, error=SessionError) -> bool:
     if not isinstance(value, bool):
-        raise SessionError(f"{name} must be True or False, got {value!r}")
+        raise error(f"{name} must be True or False, got {value!r}")
     return value
 
 
@@ -83,50 +72,15 @@ class VoiceChatSession:
         self.model = model
         self.tokenizer = model.tokenizer
 
-    def generate(
-        self,
-        audio,
-        *,
-        system_prompt: Optional[str] = None,
-        max_frames: Optional[int] = None,
-        extra_decoding_seconds: float = 0.0,
-        seed: int = 0,
-        use_language_cache: bool = False,
-        **options,
-    ) -> GenerationResult:
-        """``Model.generate`` with mlx-audio's session defaults (no trailing silence).
-        ``use_language_cache`` changes nothing: our LLM always keeps its cache."""
-        return self.model.generate(
-            audio,
-            system_prompt=system_prompt,
-            extra_decoding_seconds=extra_decoding_seconds,
-            seed=seed,
-            max_frames=max_frames,
-            use_language_cache=use_language_cache,
-            **options,
-        )
+    def generate(self, audio, *, extra_decoding_seconds: float = 0.0, **options):
+        """``Model.generate`` with mlx-audio's session default of no trailing silence; its other
+        keywords (``system_prompt``, ``max_frames``, ``seed``, ``use_language_cache``: that one
+        changes nothing, our LLM always keeps its cache) pass on. A :class:`GenerationResult`."""
+        return self.model.generate(audio, extra_decoding_seconds=extra_decoding_seconds, **options)
 
-    def create_streaming_session(
-        self,
-        *,
-        system_prompt: Optional[str] = None,
-        seed: int = 0,
-        max_streaming_seconds: Optional[float] = None,
-        use_language_cache: bool = True,
-        use_perception_cache: bool = True,
-        **options,
-    ) -> "VoiceChatStreamingSession":
-        """A :class:`VoiceChatStreamingSession`; ``options`` go to ``model.session`` (``noise``,
-        ``prompt``, ``tools``)."""
-        return VoiceChatStreamingSession(
-            self,
-            system_prompt=system_prompt,
-            seed=seed,
-            max_streaming_seconds=max_streaming_seconds,
-            use_language_cache=use_language_cache,
-            use_perception_cache=use_perception_cache,
-            **options,
-        )
+    def create_streaming_session(self, **options) -> "VoiceChatStreamingSession":
+        """A :class:`VoiceChatStreamingSession` with ``options`` (its keyword arguments)."""
+        return VoiceChatStreamingSession(self, **options)
 
 
 class VoiceChatStreamingSession:
@@ -272,6 +226,5 @@ class VoiceChatStreamingSession:
 
 def check_generate_compat(verbose, use_language_cache) -> None:
     """``Model.generate``'s mlx-audio flags: both must be booleans."""
-    for name, value in (("verbose", verbose), ("use_language_cache", use_language_cache)):
-        if not isinstance(value, bool):
-            raise GenerationError(f"{name} must be True or False, got {value!r}")
+    _flag("verbose", verbose, GenerationError)
+    _flag("use_language_cache", use_language_cache, GenerationError)

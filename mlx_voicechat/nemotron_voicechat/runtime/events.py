@@ -1,9 +1,6 @@
-"""What a live conversation hands out per frame, and the host bookkeeping that makes it.
-
-:class:`EventBook` turns each frame's read (``step.FrameRead``) into a :class:`FrameEvent`: the
-deltas of the assistant's text, the function channel and the user's words (O(1) per token,
-``textstream``), the turn marks, tool calls parsed from the function channel and tool results
-waiting to be injected, the ids a caller forces, and what the end of the stream still holds.
+"""What a live conversation hands out per frame (:class:`FrameEvent`), and the host bookkeeping
+that makes it from the frame's read (:class:`EventBook`: text deltas, turns, tool calls and
+results, forced ids, the end of the stream).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ class FrameEvent:
     text_id: int
     function_id: int
     codes: np.ndarray  # [Q] int32, after control-code replacement
-    audio: np.ndarray  # float32 at 22.05 kHz: 1764 samples (+ the codec's tail on the last)
+    audio: np.ndarray  # float32: one frame of speech (+ the codec's tail on the last)
     text: str = ""
     function_text: str = ""
     transcript: str = ""

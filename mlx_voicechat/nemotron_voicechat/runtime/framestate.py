@@ -1,19 +1,9 @@
-"""What conversations carry from one 80 ms frame to the next: the frame state.
+"""What conversations carry from one frame to the next: the :class:`FrameState`.
 
-A :class:`FrameState` is a tree of caches with one row per conversation, each with mlx-lm's
-cache protocol (``state``, ``filter``, ``extend``, ``extract``, ``merge``; ours also
-``meta_state``; see :mod:`mlx_voicechat.caches`): the LLM's (mlx-lm's own: Mamba states
-stacked, attention rows side by side), the TTS backbone's, the previous ids and code frame, the
-barge-in and forced-id flags, the noise sources, and for a live conversation the encoder's
-context, the RNNT's prediction state and the codec's decode state. Batch operations walk the
-tree and call each cache's own method: :meth:`FrameState.merge` stacks conversations into a
-batch, :meth:`FrameState.extract` / :meth:`FrameState.filter` split it again and
-:meth:`FrameState.extend` adds to it, bit for bit. :func:`open_state` makes one
-conversation's (a single row).
-
-The one step that advances it is :func:`mlx_voicechat.nemotron_voicechat.runtime.step.step` (the
-speech over a prompt's positions, here, is that step's
-:func:`~mlx_voicechat.nemotron_voicechat.runtime.step.speak`).
+A tree of caches with one row per conversation (LLM, TTS, last ids, flags, noise; live: the
+encoder's context, the RNNT's state, the codec's), each with mlx-lm's cache protocol (see
+:mod:`mlx_voicechat.caches`), so merge / extract / filter / extend walk the tree bit for bit.
+:func:`open_state` makes one conversation's state; only :func:`.step.step` advances it.
 """
 
 from __future__ import annotations
@@ -157,18 +147,10 @@ class FrameState:
             out.append(self.prefix)
         return out
 
-    def settle(self) -> None:
-        """Schedule every array the next call will read: an array left lazy belongs to the
-        streams of the thread that made it, and the next call may come from another thread."""
-        arrays = [a for a in self.arrays() if isinstance(a, mx.array)]
-        if arrays:
-            mx.async_eval(*arrays)
-
     def copy(self) -> "FrameState":
-        """A state of its own over the same arrays, as mlx-lm's prompt cache copies its
-        snapshots (``copy.deepcopy``: new cache objects holding new array objects that share
-        the data). mlx-lm's caches update their arrays by slice assignment, which changes the
-        array object it is called on, so a copy that shared them would write through."""
+        """A state of its own over the same data, by ``copy.deepcopy`` as mlx-lm's prompt cache
+        copies its snapshots: its caches update arrays by slice assignment, so a copy sharing
+        the array objects would write through."""
         return copy.deepcopy(self)
 
     # -- rows: mlx-lm's batch protocol, cache by cache ---------------------------------------

@@ -1,13 +1,8 @@
-"""Offline generation: a loop over the one frame step of :mod:`.step`.
+"""Offline generation: a loop over the one frame step of :mod:`.step` (:func:`run_frames`).
 
-The frames run pipelined (:func:`run_frames`: each frame queued before the one ``LOOKAHEAD``
-frames back is read), each with its listening, RNNT symbols, thinking and speech. Two
-registered fast paths (``fastpaths``) do parts of the loop once for the whole input:
-``offline.encoder``, the encoder over the input with its trailing silence and the RNNT's greedy
-symbols of its output on the host after the loop (off: each frame's mel window on the
-encoder's context and its symbols, in the step, as a session hears it), and ``offline.codec``,
-the codec over all codes after the loop (off: the codec's frame in each step, as a session
-decodes it). The result holds the three texts, the per-frame ids and codes, and the reply.
+Two fast paths do part of the loop once for the whole input: ``offline.encoder`` (the encoder
+over all the input, the RNNT's symbols after the loop) and ``offline.codec`` (the codec over
+all codes after the loop); off, each frame listens and decodes in the step, as a session does.
 """
 
 from __future__ import annotations
@@ -150,6 +145,14 @@ def listen(
     return projected[:, :F], encoded[:, :F], F
 
 
+def rnnt_tokens(model, encoded: mx.array, F: int):
+    """The RNNT's greedy tokens of the encoder output ``encoded`` ``[1, F, D]``, on the host,
+    and the frame of each."""
+    stt = model.stt_model
+    joint, max_symbols = stt.rnnt_joint, model.config.audio_config.max_symbols
+    return greedy_decode(stt.rnnt_decoder, joint, encoded, F, joint.blank_id, max_symbols)
+
+
 def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_frames):
     """Each frame's listening for the offline loop: the projected rows of the whole-input pass
     (``offline.encoder``) and its encoder output, or each frame's mel window and the encoder
@@ -180,10 +183,9 @@ def run_frames(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[List[Tuple[int, int]], List[mx.array], List[FrameRead]]:
     """The frame step over every frame of ``frames`` (each frame's listening, or projected
-    rows ``[1, F, H]``): each frame is queued ``LOOKAHEAD`` frames before its words are read
-    (its LLM reads the previous ids on the device), and its speech is scheduled once the next
-    frame's LLM is queued, so that it runs on the speech stream beside that LLM. Returns the
-    ``(text, function)`` ids, the code frame ``[1, Q]`` and the read of each frame."""
+    rows ``[1, F, H]``), each read ``LOOKAHEAD`` frames after it is queued, its speech
+    scheduled beside the next frame's LLM. Returns the ``(text, function)`` ids, the code
+    frame ``[1, Q]`` and the read of each frame."""
     if isinstance(frames, mx.array):
         frames = [frames[:, i : i + 1] for i in range(frames.shape[1])]
     layout = ReadLayout(model, listen=state.rnnt is not None, speak=state.codec is not None)
@@ -261,11 +263,7 @@ def generate(
         all_codes = np.stack([r.codes for r in reads])
         wave = np.concatenate([r.audio for r in reads] + [reads[-1].tail])[codec.stream_delay :]
     if state.rnnt is None:  # offline.encoder: the whole output's symbols, by the host
-        stt = model.stt_model
-        tokens, _ = greedy_decode(
-            stt.rnnt_decoder, stt.rnnt_joint, heard, F, stt.rnnt_joint.blank_id,
-            cfg.audio_config.max_symbols,
-        )
+        tokens, _ = rnnt_tokens(model, heard, F)
     else:
         tokens = [k for r in reads for k in r.labels]
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)

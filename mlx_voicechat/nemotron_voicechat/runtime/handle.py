@@ -111,12 +111,12 @@ class SessionHandle:
         return max(self.audio.mel.received - self.frames * self.input_samples_per_frame, 0)
 
     def samples_needed(self, k: int) -> int:
-        """16 kHz samples that must have arrived for frame ``k`` to be computed (1280 k + 199)."""
+        """16 kHz samples that must have arrived for frame ``k`` to be computed."""
         return self.audio.mel.samples_needed(k)
 
     @property
     def ready_before_slot_end(self) -> int:
-        """How many samples before the end of its 80 ms slot a frame is computed (1081)."""
+        """How many samples before the end of its 80 ms slot a frame is computed."""
         return self.input_samples_per_frame - self.audio.mel.samples_needed(0)
 
     def memory_per_minute(self) -> dict:
@@ -155,10 +155,13 @@ class SessionHandle:
         self._check_open()
         if self._finished is not None:
             raise SessionError(
-                f"the session has ended ({self._finished}); call reset() to start a new conversation"
+                f"the session has ended ({self._finished}); "
+                "call reset() to start a new conversation"
             )
         if self.input_ended:
-            raise SessionError("the input has ended (finish() was called); call reset() to start again")
+            raise SessionError(
+                "the input has ended (finish() was called); call reset() to start again"
+            )
 
     # -- input -----------------------------------------------------------------------------
 
@@ -217,7 +220,9 @@ class SessionHandle:
         nothing is spoken meanwhile). Returns how many frames it takes."""
         self._check_open()
         if self.book.parser is None:
-            raise ToolError("this session has no tools; open it with model.session(..., tools=[...])")
+            raise ToolError(
+                "this session has no tools; open it with model.session(..., tools=[...])"
+            )
         ids = tool_result_ids(self.batch.model.tokenizer, output)
         self.book.add_tool_result(call_id, ids)
         return len(ids)

@@ -1,16 +1,10 @@
-"""Tools that run: MCP servers (the Model Context Protocol) as a conversation's tools.
+"""MCP servers (the Model Context Protocol) as a conversation's tools.
 
-The official ``mcp`` SDK (the ``[mcp]`` extra) is asyncio; the frame loop must keep its 80 ms
-clock. So an :class:`MCPClient` owns one thread with its own event loop, on which every server
-connection lives and every call runs; the session's thread only submits calls and, between
-frames, takes the results that have arrived (:meth:`MCPTools.take_finished`) and queues them
-with ``add_tool_result``. Nothing here touches the model.
-
-Servers come from the common config ``{"mcpServers": {name: {"command", "args", "env"} |
-{"url", "headers"}}}`` (stdio or streamable HTTP; read by :mod:`.mcp_config`). Their tools become OpenAI function tools
-(a tool whose name two servers share is named ``server_tool``). Every failure (a server that
-does not start, dies mid-call or hangs, a tool error, an oversized result) becomes the text of
-a tool result the model hears, never an exception in the frame loop.
+The ``mcp`` SDK is asyncio and the frame loop must keep its clock, so an :class:`MCPClient` runs
+every connection and call on one thread with its own event loop; the session's thread submits
+calls and takes the finished results between frames (:meth:`MCPTools.take_finished`). Every
+failure becomes the text of a tool result the model hears, never an exception in the frame
+loop. The config and naming rules are :mod:`.mcp_config`.
 """
 
 from __future__ import annotations
@@ -36,7 +30,6 @@ from .mcp_config import (  # noqa: F401  (the config's names are importable from
     parse_config,
     read_config,
     result_text,
-    shown_url,
 )
 from .tools import MAX_TOOLS
 
@@ -89,6 +82,7 @@ class _Connection:
     async def run(self, ready: asyncio.Future, max_response_bytes: int) -> None:
         from mcp import ClientSession, StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
+        from mcp.types import PaginatedRequestParams
 
         spec = self.spec
         self.stop = asyncio.Event()
@@ -113,8 +107,6 @@ class _Connection:
                 await session.initialize()
                 tools, cursor = [], None
                 while True:
-                    from mcp.types import PaginatedRequestParams
-
                     params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
                     listed = await session.list_tools(params=params)
                     tools += listed.tools
@@ -262,10 +254,6 @@ class MCPClient:
                 f"{self.max_result_chars} are passed on, so the result was dropped"
             ), "too_large"
         return text, None, "ok"
-
-    def running(self, server: str) -> bool:
-        conn = self._connections.get(server)
-        return conn is not None and conn.session is not None and not conn.task.done()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop every server (a stdio server's process ends) and the loop's thread."""

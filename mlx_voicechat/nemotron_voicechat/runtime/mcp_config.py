@@ -33,7 +33,6 @@ def shown_url(url: str) -> str:
     return urlunsplit((u.scheme, netloc, u.path, "", ""))[:200]
 
 
-
 @dataclass
 class ServerSpec:
     """One MCP server: a command to start (stdio) or a URL (streamable HTTP)."""

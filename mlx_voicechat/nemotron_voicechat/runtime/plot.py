@@ -1,12 +1,6 @@
-"""The timeline picture of a conversation: what was heard and said, frame by frame.
-
-One time axis, five rows from top to bottom: the user's audio, the user's words (RNNT),
-the assistant's words (text channel), the function channel, and the assistant's audio, with
-the assistant's turns (from a session's events) shaded behind its rows. Each word is written
-at the frame where it starts, so a reader sees who spoke when, what the model
-heard, and how far its answer trailed the question. Drawn with matplotlib's object API and the
-Agg canvas (no pyplot: the caller's backend and global state are left alone); matplotlib is
-the optional extra ``[plot]``.
+"""The timeline picture of a conversation: user audio, user words, assistant words, function
+channel and assistant audio on one time axis, the assistant's turns shaded. Drawn with
+matplotlib's object API and the Agg canvas (no pyplot state touched); the ``[plot]`` extra.
 """
 
 from __future__ import annotations
@@ -58,9 +52,7 @@ class Timeline:
     user: Words = field(default_factory=list)
     assistant: Words = field(default_factory=list)
     function: Words = field(default_factory=list)
-    speaking: List[Tuple[int, int]] = field(
-        default_factory=list
-    )  # assistant turns, [start, end) frames
+    speaking: List[Tuple[int, int]] = field(default_factory=list)  # turns, [start, end) frames
     title: str = ""
 
     @classmethod
@@ -120,20 +112,11 @@ def _spans(frames: Sequence[int]) -> List[Tuple[int, int]]:
 def transcript_by_frame(model, samples: np.ndarray, extra_decoding_seconds: float = 0.0) -> Words:
     """The user's words of offline perception over ``samples`` and the trailing silence, each
     at its encoder frame (what ``generate`` heard, with the frame of each word)."""
-    from ...listen.greedy import greedy_decode
     from ...listen.textstream import TranscriptStream
     from . import generate as offline
 
     _, encoded, F = offline.listen(model, samples, extra_decoding_seconds)
-    stt = model.stt_model
-    tokens, frames = greedy_decode(
-        stt.rnnt_decoder,
-        stt.rnnt_joint,
-        encoded,
-        F,
-        stt.rnnt_joint.blank_id,
-        model.config.audio_config.max_symbols,
-    )
+    tokens, frames = offline.rnnt_tokens(model, encoded, F)
     stream = TranscriptStream(model.rnnt_vocabulary)
     pairs = ((f, stream.add(t)) for t, f in zip(tokens, frames, strict=True))
     return [(f, d) for f, d in pairs if d]

@@ -1,22 +1,11 @@
 """The TTS's chain over a system prompt's positions, computed once per (speaker, seed).
 
-At every prompt position the TTS is fed the pad id, its own previous code and the session's
-seeded noise: nothing of the prompt's words. Its state after ``L`` prompt positions is
-therefore a function of (weights, speaker, seed, L) alone, and a prefix of one longer chain.
-A :class:`PromptChain` runs that chain once (lazily, as long as the longest prompt asked for)
-and keeps what any ``L`` needs: every position's keys and values of every backbone layer (the
-sliding-window layers too, so their ring buffers can be rebuilt for any ``L``), each step's
-previous code and the noise key after each step. Opening a conversation with ``L`` prompt
-positions then costs a gather, not ``L - 1`` steps of the speech network.
-
-The rebuilt caches are bit for bit those the steps leave: each layer's buffer layout (mlx-lm's
-``KVCache`` grows in blocks of 256; a ``RotatingKVCache`` that has wrapped keeps a ring) is
-found by running the same cache class on position indices, and the buffer is gathered from the
-chain's keys and values by those indices.
-
-Memory: per position, layers x 2 (keys, values) x 2 (the guidance pair) x kv heads x head
-size x bytes (:meth:`PromptChain.bytes_per_position`). Positions past ``max_bytes`` are not
-kept: a longer prompt starts from the chain's last kept position and steps the rest.
+At prompt positions the TTS hears only pad ids, its own codes and the seeded noise, so its
+state after ``L`` positions depends on (weights, speaker, seed, L) alone. A
+:class:`PromptChain` runs the chain once and keeps every position's keys and values, codes and
+noise keys; opening a conversation is then a gather, not ``L - 1`` TTS steps. The gathered
+caches equal the stepped ones bit for bit: each buffer's layout comes from replaying mlx-lm's
+cache rules on position numbers. Positions past ``max_bytes`` are stepped, not kept.
 """
 
 from __future__ import annotations
@@ -47,11 +36,8 @@ def chain_max_bytes() -> int:
 @contextlib.contextmanager
 def _recording(caches) -> Iterator[List[list]]:
     """For the block, each of ``caches`` notes every ``(keys, values)`` it is updated with in
-    its tape (one list per cache, yielded). Undone after the block: the recording makes a
-    reference cycle (the cache holds the wrapper, the wrapper its bound method), so left in
-    place a chain's throw-away caches and their tapes (every recorded key and value) would
-    wait for Python's cyclic garbage collector instead of being freed when the chain is done
-    with them."""
+    its tape (one list per cache, yielded). Undone after the block: the wrapper makes a
+    reference cycle that would keep the tapes alive until the cyclic garbage collector runs."""
     tapes = [[] for _ in caches]
     for cache, tape in zip(caches, tapes):
 

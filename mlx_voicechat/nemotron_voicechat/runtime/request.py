@@ -1,11 +1,8 @@
 """One conversation's request, resolved once: what ``generate`` and every session start from.
 
-:func:`resolve` checks each rule in one place and raises :class:`~mlx_voicechat.errors.
-RequestError` (a GenerationError and a SessionError) for a mistake: the system prompt (text,
-or ids with ``prompt=``; ``None`` is NVIDIA's default prompt, ``""`` none), the tools (rendered
-into the prompt text, so not with prompt ids), the seed or a noise source, ``max_seconds``,
-and the LLM's context (the prompt and at least one audio frame). :func:`check_extra_seconds`
-is the one check of ``extra_decoding_seconds``.
+:func:`resolve` checks every option in one place (prompt text or ids, tools, seed or noise,
+``max_seconds``, the LLM's context) and raises :class:`~mlx_voicechat.errors.RequestError` (a
+GenerationError and a SessionError) for a mistake.
 """
 
 from __future__ import annotations
@@ -131,7 +128,7 @@ def resolve(
     cfg = model.config
     if noise is None:
         seed = check_seed(seed)
-    elif not (callable(getattr(noise, "gumbel", None)) and callable(getattr(noise, "normal", None))):
+    elif not all(callable(getattr(noise, name, None)) for name in ("gumbel", "normal")):
         raise RequestError("noise must have gumbel(shape) and normal(shape) methods")
     max_seconds = check_max_seconds(max_seconds)
     if tools and prompt is not None:

@@ -1,12 +1,8 @@
 """Live transcription on a VoiceChat checkpoint: its listening path and RNNT head alone.
 
-The same interface as :class:`~mlx_voicechat.nemotron_asr.session.TranscriptionSession`
-(``feed`` / ``finish`` -> per-frame :class:`TranscriptEvent` s), so a server offers
-transcription sessions on either kind of checkpoint. Each 80 ms frame is the one frame step
-(``nemotron_voicechat.runtime.step``) on a frame state without the LLM or the speech: the mel window
-(``audio.mel.MelStream``; frame ``k`` is final with sample ``1280 k + 199``), the encoder on its
-left context, and the frame's greedy RNNT symbols on the device (``listen.rnnt.FrameDecoder``),
-one read per frame; the tokens equal ``model.transcribe`` on the same samples.
+The interface of :class:`~mlx_voicechat.nemotron_asr.session.TranscriptionSession`, so a
+server offers transcription on either kind of checkpoint. Each frame is the frame step on a
+state without the LLM or the speech, one read per frame; the tokens equal ``model.transcribe``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The streaming session: talk to the model as audio arrives, one 80 ms frame at a time.
 
-``Session.feed`` turns whatever audio has arrived into the frames that are now final and runs
-the one frame step (``nemotron_voicechat.runtime.step``) on each, returning one :class:`FrameEvent`
-per frame: the ids, the deltas of the assistant's text, the function channel and the user's words,
-the turn marks and 1764 samples of speech. For any chunking of the input the events equal
-:func:`generate.generate` on the same samples (ids, codes and transcript identical; audio
-equal after the codec's fixed 6-sample delay).
-
-A session is the one conversation of a batch of its own (``nemotron_voicechat.runtime.batch``): a
-:class:`~.handle.SessionHandle` whose ``feed`` steps that batch, so the code that steps many
-conversations together steps this one.
-
-Latency: frame ``k`` is computed by the ``feed`` that completes sample ``1280 k + 198`` (see
-``audioin``); its RNNT tokens come out with it (the frame's greedy symbols run on the device,
-up to ``max_symbols``), and its audio lags the offline waveform by the codec's 6 samples.
-
-Host reads: one per frame. The TTS reads the frame's text id on the device, so a frame's
-listening, LLM, speech and codec are queued as one graph, and its read carries the two ids,
-the RNNT's tokens, its codes and its audio. When a ``feed`` completes several frames, each
-frame is queued before the previous one is read; a barge-in is therefore a device flag carried
-from frame to frame, so that frames queued before the host has read the one that ends it
-follow it exactly.
+:meth:`Session.feed` runs the frame step on every frame its audio makes final and returns one
+:class:`FrameEvent` per frame. For any chunking of the input the events equal
+:func:`generate.generate` on the same samples (ids, codes and transcript identical; audio equal
+after the codec's fixed delay). A session is the one conversation of a
+:class:`~.batch.SessionBatch` of its own, so one conversation runs the code of many. One host
+read per frame; a barge-in is a device flag, so frames queued before it is read follow it.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""The one frame step: every row of a frame state advanced by one 80 ms input frame.
+"""The one frame step: a frame state advanced by one 80 ms input frame.
 
-:func:`step` is the only code that advances a frame state: listen (each row's encoder frame on
-its own context, and the RNNT's greedy symbols of the frame on the device) -> think (LLM,
-heads) -> speak (TTS) -> decode (one code frame of the codec) -> the frame's words, packed for
-its one host read (:class:`ReadLayout`). Offline generation loops over it
-(``generate.run_frames``), a live batch queues it per round (``batch.SessionBatch``: sessions,
-the server, the mlx-audio layer), transcription-only runs it on a state without the LLM and
-speech (``rnnt_transcription``), and the speech over a prompt's positions is its :func:`speak`.
-A stage runs when the state has its part: without an encoder context and RNNT state, the
-frame's projected rows come heard already (offline's whole-input pass, the ``offline.encoder``
-fast path, which decodes the RNNT's symbols after the loop); without a codec state the
-codes are left undecoded (offline's one-shot decode, ``offline.codec``).
-
-Timeline (spec "Offline timeline loop", errata 10-12): the system prompt ``[bos] + ids + [eos]``
-takes the first ``P`` timeline positions on the audio channel; audio frame ``i`` is timeline
-position ``P + i``. A fresh conversation's prompt rows and its first audio frame are prefilled
-in one LLM call. The TTS speaks at every position ``t >= 1`` (prompt positions with the pad
-id, see :func:`~.framestate.start_state`); position 0 is never spoken: without a prompt, audio
-frame 0 gets the codec's silence codes.
-
-Within a frame the LLM and its heads run on the default stream and the speech on
-:func:`speech_stream`, reading the text id on the device: the frame needs no host read before
-its speech, and its speech runs beside the next frame's LLM. The step schedules the listening
-and the ids (the text id first); the speech is scheduled by the step (a live frame) or left to
-the caller (``pipelined``: offline first queues the next frame's LLM beside it).
+:func:`step` is the only code that advances a frame state: listen -> think -> speak -> decode
+-> the frame's words, packed for one host read (:class:`ReadLayout`). Offline, live batches,
+the server, the mlx-audio layer and transcription all drive it (docs/architecture.md). A stage
+runs only when the state has its part (no encoder/RNNT state: rows heard already; no codec
+state: codes left undecoded). Timeline (spec "Offline timeline loop", errata 10-12): the
+prompt takes positions ``0..P-1``, audio frame ``i`` is position ``P + i``; position 0 is never
+spoken. The speech runs on :func:`speech_stream`, beside the next frame's LLM.
 """
 
 from __future__ import annotations
@@ -65,16 +48,12 @@ def step(
     pipelined: bool = False,
 ) -> StepOut:
     """Advance every row of ``state`` (a :class:`~.framestate.FrameState`) by one frame;
-    nothing is read to the host.
-
-    The ids fed back are the heads' unless the row's flags force others: a forced id
-    (:class:`~.framestate.Flags`, a tool result's token, ``Session.force``), or, during a
-    barge-in, the silence id instead of the text head's id until that id is BOS (which ends
-    it). ``split_head``: on the CPU, run half of a big text head on :func:`head_stream` (the
-    same id, ``fastpaths.heads``): a live frame has nothing else to run beside its text head.
+    nothing is read to the host. The ids fed back are the heads' unless the row's
+    :class:`~.framestate.Flags` force others (forced ids; a barge-in feeds silence until BOS).
     ``layout``: pack the frame's words for its one host read into ``StepOut.words``.
-    ``pipelined``: the caller queues the next frame before it reads this one (offline): the
-    RNNT's symbols are scheduled now, the speech (``StepOut.speech``) is left to the caller."""
+    ``split_head``: on the CPU, half of a big text head on :func:`head_stream` (same id).
+    ``pipelined``: the caller queues the next frame before reading this one (offline), so the
+    speech (``StepOut.speech``) is left for it to schedule."""
     out, parts = StepOut(), {}
     projected, encoded = _listen(model, state, heard)
     if state.llm is not None:
@@ -305,10 +284,8 @@ _HEAD_STREAMS = threading.local()
 
 
 def speech_stream() -> mx.Stream:
-    """The stream the TTS half of every frame runs on: a second stream on the default device,
-    one per thread and device, so that a frame's speech runs beside the next frame's LLM (on
-    the CPU, a second core). MLX streams belong to the thread that made them, so each thread
-    that generates gets its own."""
+    """The stream the TTS half of every frame runs on, beside the next frame's LLM: a second
+    stream on the default device, one per thread (MLX streams belong to their thread)."""
     return _thread_stream(_SPEECH_STREAMS)
 
 

@@ -1,10 +1,6 @@
-"""The function channel, one id per frame, parsed into tool calls.
-
-The model marks a call with ``<SPECIAL_20>`` / ``<SPECIAL_21>`` (ids resolved from the
-tokenizer by string); between them it writes ``<TOOLCALL>[{"name": ..., "arguments": ...}]
-</TOOLCALL>``. :class:`ToolCallParser` collects the ids between the markers in O(1) per frame
-and decodes and parses them once, at the end marker (see :mod:`.tools` for the rest of the
-format).
+"""The function channel, one id per frame, parsed into tool calls: :class:`ToolCallParser`
+collects the ids between the ``<SPECIAL_20>`` / ``<SPECIAL_21>`` markers and parses the
+``<TOOLCALL>[...]</TOOLCALL>`` between them once, at the end marker (O(1) per frame).
 """
 
 from __future__ import annotations
@@ -151,12 +147,10 @@ def parse_call_text(text: str) -> Tuple[List[Tuple[str, str]], List[str]]:
 class ToolCallParser:
     """Turns the function channel, one id per frame, into :class:`ToolCall` objects.
 
-    Ids between the start and end markers are collected (``pad_ids`` skipped) and decoded
-    once, at the end marker, so a frame costs O(1) until then. ``decode(ids) -> str`` must skip
-    special tokens. Call ids come from the operating system's secure random source
-    (:func:`secrets.token_hex`), never from a seed: two sessions, or two servers started with one
-    seed, never name a call alike (the ids go to the client only, so the audio a seed fixes does
-    not depend on them). ``tool_names``, when given, makes a call of any other name an error.
+    ``decode(ids) -> str`` must skip special tokens; ``pad_ids`` are skipped; ``tool_names``,
+    when given, makes a call of any other name an error. Call ids come from
+    :func:`secrets.token_hex`, never from a seed, so no two sessions or servers name a call
+    alike (the ids go to the client only; the audio does not depend on them).
     """
 
     def __init__(

@@ -1,14 +1,7 @@
-"""Tool calls: tools rendered into the system prompt, the function channel parsed into calls,
-tool results turned into the ids that are injected one per frame.
-
-The format is the one NVIDIA's model is served with (vllm-omni's VoiceChat adapter; see
-``shared/spec/realtime-and-tools.md`` section 3). The model writes a call on its function
-channel as ``<SPECIAL_20><TOOLCALL>[{"name": ..., "arguments": ...}]</TOOLCALL><SPECIAL_21>``;
-a result goes back on the same channel, one token per 80 ms frame, as
-``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>``.
-
-Nothing here touches the model: the session feeds one function-channel id per frame to a
-:class:`ToolCallParser` and asks a :class:`ToolResultQueue` which id to force next.
+"""Tool calls: tools rendered into the system prompt, tool results turned into the ids injected
+on the function channel one per frame, in the format NVIDIA's model is served with
+(vllm-omni's VoiceChat adapter; ``shared/spec/realtime-and-tools.md`` section 3). Parsing the
+channel into calls is :mod:`.toolcalls`. Nothing here touches the model.
 """
 
 from __future__ import annotations
@@ -20,12 +13,6 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
 
 from ...files import read_json
 from .toolcalls import (  # noqa: F401  (re-exported: tools.ToolCall etc. are the public names)
-    CALL_CLOSE,
-    CALL_OPEN,
-    END_TOKEN,
-    MAX_CALL_TOKENS,
-    RESERVED_TOKEN,
-    START_TOKEN,
     ToolCall,
     ToolCallParser,
     ToolError,
