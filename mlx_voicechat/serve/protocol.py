@@ -283,8 +283,14 @@ class Realtime(EventSource):
         driver applies it at its next job (see ``Conversation._execute``)."""
         if self.opened_with is None or self.opened_with == (self.prompt, self.session_tools):
             return []
+        return [self.start()]
+
+    def start(self) -> Start:
+        """Open the model's session with the prompt and tools (function and MCP) it has now;
+        every transport's first audio opens it through here."""
+        self.started = True
         self.opened_with = (self.prompt, self.session_tools)
-        return [Start(self.prompt, self.session_tools)]
+        return Start(*self.opened_with)
 
     def _append(self, event: dict):
         samples = decode_pcm16(event.get("audio"))
@@ -292,10 +298,8 @@ class Realtime(EventSource):
             return [], []
         commands: List[Command] = []
         if not self.started:
-            self.started = True
             self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            self.opened_with = (self.prompt, self.session_tools)
-            commands.append(Start(self.prompt, self.session_tools))
+            commands.append(self.start())
         resampled = self._input(samples)
         if resampled.size:
             commands.append(Append(resampled))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .channel import log
 from .connection import Conversation
-from .wire import MODEL_INPUT_RATE, Append, Cancel, Resampler, Start
+from .wire import MODEL_INPUT_RATE, Append, Cancel, Resampler
 
 WIRE_RATE = 48000  # Hz, Opus's clock on the wire
 PACKET_SAMPLES = 960  # 20 ms at 48 kHz, what the outgoing track sends per frame
@@ -266,9 +266,7 @@ class RtcConversation(Conversation):
     def _audio(self, samples: np.ndarray, silence: bool = False) -> None:
         p = self.protocol
         if not p.started:
-            p.started = True
-            p.opened_with = (p.prompt, tuple(p.tools))
-            self.command(Start(p.prompt, tuple(p.tools)))
+            self.command(p.start())
         self.command(Append(samples, silence=silence))
 
     async def _listen(self) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -107,6 +108,19 @@ def test_list_then_a_call_run_by_the_server_with_openai_events():
     names = openai_parses(events + out + done + failed)
     assert "McpListToolsCompleted" in names and "ResponseMcpCallCompleted" in names
     assert "ResponseMcpCallFailed" in names and "ResponseMcpCallArgumentsDone" in names
+
+
+def test_a_webrtc_calls_first_audio_opens_the_model_with_the_mcp_tools():
+    from mlx_voicechat.serve.webrtc_call import RtcConversation
+
+    p = Realtime("m", mcp=McpPolicy(("http://127.0.0.1:8123",)))
+    p.open()
+    _listed(p)
+    sent = []
+    call = SimpleNamespace(protocol=p, command=sent.append)  # the call's track -> the model
+    RtcConversation._audio(call, np.zeros(320, np.float32))
+    assert isinstance(sent[0], Start) and [t["name"] for t in sent[0].tools] == ["add"]
+    assert p._restart() == []  # opened with them: nothing to restart for
 
 
 def test_a_listing_that_fails_and_an_approval_asked_then_refused_or_given():

@@ -133,8 +133,9 @@ class _Connection:
 
 
 def _describe(e: BaseException) -> str:
-    """One line for an exception (an exception group: its first leaf)."""
-    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+    """One line for an exception (an exception group: its first leaf). Groups are known by
+    their ``exceptions`` tuple: on Python 3.10 anyio raises the ``exceptiongroup`` backport's."""
+    while isinstance(getattr(e, "exceptions", None), tuple) and e.exceptions:
         e = e.exceptions[0]
     if isinstance(e, asyncio.CancelledError):
         return "its connection was cancelled"

@@ -61,6 +61,22 @@ def test_config_and_sdk_errors_are_one_line(monkeypatch):
         require_sdk()
 
 
+def test_an_exception_group_is_described_by_its_first_leaf():
+    from mlx_voicechat.nemotron_voicechat.runtime.mcp import _describe
+
+    class BackportGroup(Exception):  # the exceptiongroup backport's shape (Python 3.10)
+        def __init__(self, exceptions):
+            super().__init__("unhandled errors in a TaskGroup")
+            self.exceptions = tuple(exceptions)
+
+    leaf = ConnectionError("refused")
+    groups = [BackportGroup([BackportGroup([leaf])])]
+    if sys.version_info >= (3, 11):
+        groups.append(BaseExceptionGroup("g", [ExceptionGroup("h", [leaf])]))  # noqa: F821
+    for group in groups:
+        assert _describe(group) == "ConnectionError: refused"
+
+
 def _start(specs, **kw):
     tools = MCPTools(specs, **kw)
     try:
