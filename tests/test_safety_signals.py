@@ -31,6 +31,9 @@ _SIGNAL_DURING = """
         os.kill(os.getpid(), getattr(signal, name))  # as if sent from outside, mid-shard
 
     writer.write_tensor = write_then_signal
+    # The signal's default action, as in a terminal: a suite started under nohup would pass on
+    # SIGHUP's ignore, which the CLI rightly keeps.
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
     sys.exit(main(sys.argv[2:]))
 """
 
