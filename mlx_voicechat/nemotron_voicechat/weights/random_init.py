@@ -11,6 +11,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ...audio.mel import slaney_mel_filters
 from ...config import VoiceChatConfig
 from .scales import SPECIAL_TOKENS
 
@@ -36,8 +37,8 @@ def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: i
             continue
         if name.endswith("featurizer.fb"):
             pre = config.audio_config.preprocessor
-            fb = _slaney_mel(pre.sample_rate, pre.n_fft, pre.features)
-            out[name] = mx.array(fb[None])
+            fb = slaney_mel_filters(pre.sample_rate, pre.n_fft, pre.features)
+            out[name] = mx.array(fb.T[None])
         elif name.endswith("featurizer.window"):
             out[name] = mx.array(np.hanning(shape[0]).astype(np.float32))
         elif name.endswith("A_log"):
@@ -81,31 +82,3 @@ def _int_buffer(name, shape, config, tokenizer, vocab, codebook, key):
     if name.endswith("subword_flag_emb.pad_tensor"):
         return mx.array(vocab, dtype=mx.int32).reshape(shape)
     return mx.zeros(shape, dtype=mx.int32)
-
-
-def _slaney_mel(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
-    """librosa's Slaney-scale, Slaney-normalised mel filters [n_mels, n_fft // 2 + 1]."""
-
-    def hz_to_mel(f):
-        f = np.asarray(f, dtype=np.float64)
-        mels = f / (200.0 / 3)
-        log_t = f >= 1000.0
-        return np.where(
-            log_t, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mels
-        )
-
-    def mel_to_hz(m):
-        m = np.asarray(m, dtype=np.float64)
-        f = (200.0 / 3) * m
-        log_t = m >= 15.0
-        return np.where(log_t, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)), f)
-
-    fft_freqs = np.linspace(0, sr / 2, n_fft // 2 + 1)
-    mel_f = mel_to_hz(np.linspace(hz_to_mel(0.0), hz_to_mel(sr / 2), n_mels + 2))
-    fdiff = np.diff(mel_f)
-    ramps = mel_f[:, None] - fft_freqs[None, :]
-    lower = -ramps[:-2] / fdiff[:-1, None]
-    upper = ramps[2:] / fdiff[1:, None]
-    weights = np.maximum(0, np.minimum(lower, upper))
-    weights *= (2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels]))[:, None]
-    return weights.astype(np.float32)

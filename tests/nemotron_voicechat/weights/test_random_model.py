@@ -39,6 +39,17 @@ def test_same_model_as_the_factory_checkpoint(tmp_path, options):
     assert all(np.array_equal(x.audio, y.audio) for x, y in zip(ea, eb, strict=True))
 
 
+def test_the_factory_filterbank_is_nemos_bits():
+    """The factory's mel filterbank is the one NeMo (librosa) stores, bit for bit."""
+    from oracle_utils import ORACLE
+
+    key = "perception.preprocessor.featurizer.fb"
+    nemo = mx.load(str(ORACLE / "01_perception_rnnt.safetensors"))[key]
+    ours = dict(tree_flatten(random_model("tiny", seed=0).parameters()))["stt_model." + key]
+    assert ours.shape == nemo.shape == (1, 128, 257)
+    assert mx.array_equal(ours, nemo).item()
+
+
 def test_bad_arguments_are_one_clear_error():
     with pytest.raises(VoiceChatError, match="quantize must be 4 or 8"):
         random_model("tiny", quantize=3)
