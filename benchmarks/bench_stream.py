@@ -18,8 +18,11 @@ every call over the frames (offline: ``generate``'s wall time, which includes it
 warm-up, over the frames). Session open ms is the first and the second ``session`` with the
 same prompt in one process. Memory per minute is the session's own figure
 (``memory_per_minute``) and the growth of MLX's active memory and of the process RSS from
-frame ``WARM_FRAMES`` to the end of the run, scaled to a minute (MLX keeps freed buffers in
-its cache, so over a short run RSS grows less than the active memory does).
+frame ``STEADY_FRAME`` (the encoder's context full: before it, the encoder's keys, values and
+position table fill up to a bound, about 2 MiB on ``medium``) to the end of the run, scaled to
+a minute. The caches past that grow in mlx-lm's 256-position steps, so a short run reads
+either no growth or a whole step; ``memory_per_minute`` is the long-run rate. MLX keeps freed
+buffers in its cache, so over a short run RSS grows less than the active memory does.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ import bench_peers  # noqa: E402  (its checkpoint shims, audio, sync counter and
 from bench_peers import PROMPT, ROOT, SyncCounter, _load_audio, _machine, _peer_view  # noqa: E402
 
 CHUNK = 1280  # 80 ms at 16 kHz
-WARM_FRAMES = 25  # memory growth is measured from here (allocator and caches settled)
 # From this frame on the encoder's 70-frame left context is full (its compiled step): the
-# session's per-frame median from here is printed too (a 12 s input has 80 such frames).
+# session's per-frame median from here is printed too (a 12 s input has 80 such frames), and
+# memory growth is measured from here.
 STEADY_FRAME = 72
 CONFIGS = ("session", "offline", "mlx-vlm")
 
@@ -58,12 +61,18 @@ def _rss() -> int:
     return 0
 
 
+def _mark(mx) -> tuple:
+    """Active and resident bytes once the queued work is done (outside any timing)."""
+    mx.synchronize()
+    return mx.get_active_memory(), _rss()
+
+
 def _memory(mx, marks, frames) -> dict:
-    """Growth per minute between the WARM_FRAMES mark and the end."""
-    if WARM_FRAMES not in marks or frames <= WARM_FRAMES + 1:
+    """Growth per minute between the STEADY_FRAME mark and the end."""
+    if STEADY_FRAME not in marks or frames <= STEADY_FRAME + 1:
         return {}
-    minutes = (frames - WARM_FRAMES) * 0.08 / 60.0
-    (a0, r0), (a1, r1) = marks[WARM_FRAMES], (mx.get_active_memory(), _rss())
+    minutes = (frames - STEADY_FRAME) * 0.08 / 60.0
+    (a0, r0), (a1, r1) = marks[STEADY_FRAME], _mark(mx)
     return {
         "active_mib_per_min": (a1 - a0) / 2**20 / minutes,
         "rss_mib_per_min": (r1 - r0) / 2**20 / minutes,
@@ -99,8 +108,8 @@ def worker_session(args) -> dict:
             syncs.append(counter.count - before)
             if events[0].index >= STEADY_FRAME:
                 steady.append(dt)
-        if session.frames == WARM_FRAMES and WARM_FRAMES not in marks:
-            marks[WARM_FRAMES] = (mx.get_active_memory(), _rss())
+        if session.frames == STEADY_FRAME and STEADY_FRAME not in marks:
+            marks[STEADY_FRAME] = _mark(mx)
     out = {
         "frames": session.frames,
         "frame_ms": 1000 * statistics.median(per_frame),
@@ -138,8 +147,8 @@ def worker_mlx_vlm(args) -> dict:
         mx.eval([e.samples for e in events if e.samples is not None])
         per_frame.append(time.perf_counter() - t)
         frames += 1
-        if frames == WARM_FRAMES:
-            marks[WARM_FRAMES] = (mx.get_active_memory(), _rss())
+        if frames == STEADY_FRAME:
+            marks[STEADY_FRAME] = _mark(mx)
     out = {
         "frames": frames,
         "frame_ms": 1000 * statistics.median(per_frame),
@@ -250,7 +259,7 @@ def main(argv=None):
     )
     print(
         "| configuration | frames | per-frame ms (median) | all-in ms / frame | first open ms "
-        "| second open ms | active MiB / min | RSS MiB / min |"
+        f"| second open ms | active MiB / min from frame {STEADY_FRAME} | RSS MiB / min |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for c in configs:
