@@ -1,4 +1,4 @@
-"""nets.derived: values derived from weights, and ``compiled``, the package's ``mx.compile``.
+"""derived: values derived from weights, and ``compiled``, the package's ``mx.compile``.
 
 MLX 0.32's compiled function erases its traces, when it dies, from the cache of the thread that
 called it last only, so one called from two threads leaves a trace behind in the first, and a

@@ -1,4 +1,4 @@
-"""nets/mel.py on its own: the stream's mel frames and windows are the offline log-mel's, bit
+"""audio/mel.py on its own: the stream's mel frames and windows are the offline log-mel's, bit
 for bit, however the samples arrive, eager or once per chunk, at either edge."""
 
 from types import SimpleNamespace

@@ -1,6 +1,6 @@
-"""The layouts' rename tables (config/layouts.py NEMO, config/asr_transformers.py TRANSFORMERS / PROCESSOR)
-read back what they write, at every scale; atomic_folder leaves nothing behind on failure; one
-shape checker words both models' errors."""
+"""The layouts' rename tables (config/layouts.py NEMO, nemotron_asr/config_transformers.py
+TRANSFORMERS / PROCESSOR) read back what they write, at every scale; atomic_folder leaves
+nothing behind on failure; one shape checker words both models' errors."""
 
 import json
 import os

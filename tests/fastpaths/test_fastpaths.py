@@ -1,4 +1,4 @@
-"""Every fast path of ``nets/fastpaths.py`` against its anchor, bit for bit, at the factory's
+"""Every fast path of ``fastpaths/`` against its anchor, bit for bit, at the factory's
 medium scale (random weights), for a batch of rows that each match the row alone.
 
 The anchors are the installed mlx-lm / mlx-audio modules (or, where the fast path replaces
@@ -80,7 +80,7 @@ def _pyproject_bounds():
 
 
 def test_the_installed_anchors_are_in_the_checked_minor_series():
-    """The policy of ``nets/fastpaths.py``: each anchor package is required from the version
+    """The policy of ``fastpaths/__init__.py``: each anchor package is required from the version
     checked up to the next minor release, and the installed one lies in that range."""
     bounds = _pyproject_bounds()
     assert set(bounds) == set(fastpaths.CHECKED_AGAINST)

@@ -111,7 +111,7 @@ def test_bf16_and_8bit(ckpts):
 
 
 def test_cpu_layout_comes_with_load_only(ckpts, asr):
-    """The float weights' CPU layout (nets/layout.py) is applied by load; a lazily loaded
+    """The float weights' CPU layout (fastpaths/layout.py) is applied by load; a lazily loaded
     recognizer keeps the checkpoint's layout through transcribe and sessions (as a lazy
     VoiceChat model does), and hears the same tokens."""
     from mlx_voicechat.fastpaths import on_cpu
