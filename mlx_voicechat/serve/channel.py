@@ -11,7 +11,10 @@ import time
 from collections import deque
 from typing import List, Optional
 
+import numpy as np
+
 from ..errors import VoiceChatError
+from .wire import Append
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
@@ -120,8 +123,37 @@ class Channel:
         return True
 
     def take(self, raw) -> bool:
-        """One client message; False ends the reader."""
+        """One client message through the protocol; False ends the reader."""
+        events, commands = self.protocol.receive(raw)
+        self.send(events)
+        for c in commands:
+            self.command(c)
+        return True
+
+    def command(self, c) -> None:
+        """One of the protocol's commands into the driver's inbox."""
         raise NotImplementedError
+
+    def drop_audio(self) -> int:
+        """Drop the client audio queued for the driver (``Clear``); the samples dropped."""
+        dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
+        self.inbox = deque(x for x in self.inbox if not isinstance(x, Append))
+        return dropped
+
+    def _take_audio(self, first: Append) -> np.ndarray:
+        """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
+        limit = self.server.chunk_samples
+        parts, n, silence = [first.samples], first.samples.size, first.silence
+        while self.inbox and isinstance(self.inbox[0], Append) and n < limit:
+            c = self.inbox.popleft()
+            parts.append(c.samples)
+            n += c.samples.size
+            silence = silence and c.silence
+        samples = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if samples.size > limit:
+            self.inbox.appendleft(Append(samples[limit:], silence=silence))
+            samples = samples[:limit]
+        return samples
 
     def free(self) -> None:
         """Give the slot back (the tasks have ended)."""
@@ -134,8 +166,22 @@ class Channel:
         """The coroutines the connection runs until one ends or it is stopped."""
         return [self._reader(), self._driver(), self._writer()]
 
-    async def _driver(self) -> None:
+    def has_work(self) -> bool:
+        return bool(self.inbox)
+
+    async def step(self, worker) -> None:
+        """One job of the driver."""
         raise NotImplementedError
+
+    async def _driver(self) -> None:
+        while True:
+            if not self.has_work():
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            if self.closing is not None:
+                await self.stopped.wait()  # the writer sends the error, then closes
+            await self.step(self.server.worker)
 
     async def run(self) -> None:
         self.server.channels.add(self)

@@ -9,7 +9,6 @@ transcript needs no silence fed at real time.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import List, Optional
 
 from .channel import CLOSE_TRY_AGAIN, HANDED_OVER, Channel, lag_message
@@ -90,26 +89,19 @@ class TranscriptionConversation(Channel):
 
     # -- plumbing --
 
-    def take(self, raw) -> bool:
-        self.handle(raw)
-        return True
-
-    def handle(self, raw) -> None:
-        events, commands = self.protocol.receive(raw)
-        self.send(events)
-        for c in commands:
-            if isinstance(c, Append):
-                if self.position == self.consumed:
-                    self.backlog_since = (time.monotonic(), self.position)
-                self.position += c.samples.size
-                if self.check_lag():
-                    return
-            elif isinstance(c, Clear):
-                dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
-                self.inbox = deque(x for x in self.inbox if not isinstance(x, Append))
-                self.position -= dropped
-            self.inbox.append(c)
+    def command(self, c) -> None:
+        if isinstance(c, Append):
+            if self.position == self.consumed:
+                self.backlog_since = (time.monotonic(), self.position)
+            self.position += c.samples.size
+            if self.check_lag():
+                return
+        elif isinstance(c, Clear):
+            self.position -= self.drop_audio()
+        self.inbox.append(c)
         self.wake.set()
+
+    handle = Channel.take  # (one client message, as the tests feed it)
 
     def check_lag(self) -> bool:
         """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, saying
@@ -139,16 +131,8 @@ class TranscriptionConversation(Channel):
         super().free()
         self.session = None
 
-    async def _driver(self) -> None:
-        worker = self.server.worker
-        while True:
-            if not self.inbox:
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            if self.closing is not None:
-                await self.stopped.wait()
-            await self._job(self._execute(self.inbox.popleft(), worker), "transcription")
+    async def step(self, worker) -> None:
+        await self._job(self._execute(self.inbox.popleft(), worker), "transcription")
 
     async def _execute(self, c, worker) -> None:
         if isinstance(c, Start):
@@ -168,15 +152,3 @@ class TranscriptionConversation(Channel):
             await worker.run(self.session.reset)
             self.protocol.item, self.protocol.text = None, ""
             self.item_start = self.position
-
-    def _take_audio(self, first: Append):
-        """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
-        import numpy as np
-
-        limit = self.server.chunk_samples
-        parts, n = [first.samples], first.samples.size
-        while self.inbox and isinstance(self.inbox[0], Append) and n < limit:
-            c = self.inbox.popleft()
-            parts.append(c.samples)
-            n += c.samples.size
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
