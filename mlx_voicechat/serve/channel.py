@@ -9,12 +9,12 @@ import json
 import logging
 import time
 from collections import deque
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..errors import VoiceChatError
-from .wire import Append
+from .wire import MODEL_INPUT_RATE, Append
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
@@ -65,6 +65,8 @@ class Channel:
         self.t0: Optional[float] = None  # when the first audio arrived (set by the subclass)
         self.first_audio_sent = False
         self.session = None
+        self.position = 0  # 16 kHz samples queued for the session so far
+        self.consumed = 0  # 16 kHz samples fed to the session
 
     # -- plumbing --
 
@@ -102,6 +104,29 @@ class Channel:
             self.outbox.put_nowait(_CLOSE)
         except asyncio.QueueFull:
             self.stop(*self.closing)
+
+    @property
+    def lag_seconds(self) -> float:
+        return (self.position - self.consumed) / MODEL_INPUT_RATE
+
+    def lag_since(self) -> Tuple[float, int, Optional[float]]:
+        """(wall clock, position) the lag's sides are judged from, and the seconds of the
+        client's audio since (None: all the audio since is the client's)."""
+        raise NotImplementedError
+
+    def check_lag(self) -> bool:
+        """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, naming
+        the side that is behind (True)."""
+        bound = self.server.max_lag_seconds
+        if self.lag_seconds <= bound:
+            return False
+        t0, start, client = self.lag_since()
+        audio = (self.position - start) / MODEL_INPUT_RATE
+        fed = (self.consumed - start) / MODEL_INPUT_RATE
+        client = audio if client is None else client
+        why = lag_message(self.lag_seconds, bound, audio, time.monotonic() - t0, fed, client)
+        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+        return True
 
     def drop_work(self) -> None:
         """On ``fail``: forget the work queued for the session."""

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..nemotron_voicechat.runtime.tools import ToolError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
 from .mcp_runner import McpRunner
 from .protocol import Realtime
 from .server import Server
@@ -51,12 +51,10 @@ class Conversation(Channel):
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
-        self.position = 0  # 16 kHz samples queued so far (client audio and clock silence)
-        self.consumed = 0  # 16 kHz samples fed to the session
         # Samples past the last frame that the audio so far completes: held here, not fed, so
         # that input_audio_buffer.clear can drop them (the session keeps no partial frame).
         self.held = np.zeros(0, np.float32)
-        self.client_seconds = 0.0  # client audio queued so far, seconds
+        self.client_seconds = 0.0  # client audio queued so far (position counts clock silence)
         self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
@@ -69,21 +67,10 @@ class Conversation(Channel):
         super().drop_work()
         self.drain = None
 
-    @property
-    def lag_seconds(self) -> float:
-        return (self.position - self.consumed) / MODEL_INPUT_RATE
-
-    def check_lag(self) -> None:
-        """Past ``max_lag_seconds``: ``lag_exceeded``, which side is behind counted from the
-        session's start (the clock keeps the input up with the wall clock while the client is
-        quiet)."""
-        if self.lag_seconds <= self.server.max_lag_seconds:
-            return
-        elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
-        audio, fed = self.position / MODEL_INPUT_RATE, self.consumed / MODEL_INPUT_RATE
-        bound = self.server.max_lag_seconds
-        why = lag_message(self.lag_seconds, bound, audio, elapsed, fed, self.client_seconds)
-        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+    def lag_since(self):
+        """Counted from the session's start (the clock keeps the input up with the wall clock
+        while the client is quiet)."""
+        return (time.monotonic() if self.t0 is None else self.t0), 0, self.client_seconds
 
     def command(self, c) -> None:
         if isinstance(c, Start):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import List, Optional
 
-from .channel import CLOSE_TRY_AGAIN, HANDED_OVER, Channel, lag_message
+from .channel import HANDED_OVER, Channel
 from .connection import Conversation
 from .transcription import TranscriptionRealtime, is_transcription_update
 from .wire import MODEL_INPUT_RATE, Append, Clear, Commit, Start
@@ -80,8 +80,6 @@ class TranscriptionConversation(Channel):
     def __init__(self, server, websocket, pending: List[str] = (), announced: bool = False):
         super().__init__(server, websocket, TranscriptionRealtime(server.model_id))
         self.pending, self.announced = list(pending), announced
-        self.position = 0  # 16 kHz samples received
-        self.consumed = 0  # 16 kHz samples fed
         self.item_start = 0  # position where the current item began
         # (wall clock, position) when audio last arrived with none waiting or being fed: the
         # lag's sides are judged from there (no silence is fed, so a client may pause)
@@ -103,20 +101,8 @@ class TranscriptionConversation(Channel):
 
     handle = Channel.take  # (one client message, as the tests feed it)
 
-    def check_lag(self) -> bool:
-        """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, saying
-        which side is behind (True)."""
-        lag = (self.position - self.consumed) / MODEL_INPUT_RATE
-        if lag <= self.server.max_lag_seconds:
-            return False
-        t0, start = self.backlog_since
-        audio = (self.position - start) / MODEL_INPUT_RATE
-        fed = (self.consumed - start) / MODEL_INPUT_RATE
-        why = lag_message(
-            lag, self.server.max_lag_seconds, audio, time.monotonic() - t0, fed, audio
-        )
-        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
-        return True
+    def lag_since(self):
+        return (*self.backlog_since, None)
 
     # -- the tasks --
 
