@@ -40,15 +40,10 @@ def is_transcription_update(raw) -> bool:
         event = json.loads(raw)
     except (ValueError, RecursionError):
         return False
-    if not isinstance(event, dict):
-        return False
-    if event.get("type") == "transcription_session.update":
-        return True
-    session = event.get("session")
-    return (
-        event.get("type") == "session.update"
-        and isinstance(session, dict)
-        and session.get("type") == TRANSCRIPTION
+    kind = event.get("type") if isinstance(event, dict) else None
+    session = event.get("session") if kind == "session.update" else None
+    return kind == "transcription_session.update" or (
+        isinstance(session, dict) and session.get("type") == TRANSCRIPTION
     )
 
 

@@ -298,7 +298,8 @@ class ClientProtocol(EventSource):
     """What both kinds of session (duplex :class:`.protocol.Realtime`, :class:`.transcription
     .TranscriptionRealtime`) do with a client's events: ``receive(raw)`` -> ``(events,
     commands)`` through the subclass's ``HANDLERS``, and the input audio buffer's append (PCM16
-    resampled to the model's rate; the first audio opens the model's session) and clear."""
+    resampled to the model's rate; the first audio opens the model's session through the
+    subclass's ``start()``) and clear. A subclass also gives its ``session_object()``."""
 
     HANDLERS: Dict[str, Callable] = {}  # event type -> handler(self, event)
 
@@ -316,12 +317,6 @@ class ClientProtocol(EventSource):
         if vendor:
             created["x-voicechat"] = dict(vendor)
         return [created]
-
-    def session_object(self) -> dict:
-        raise NotImplementedError
-
-    def start(self) -> Start:
-        raise NotImplementedError
 
     def unhandled(self, type_: str) -> ProtocolError:
         """The error for an event type that has no handler here."""
