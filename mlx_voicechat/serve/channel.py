@@ -9,9 +9,12 @@ import json
 import logging
 import time
 from collections import deque
-from typing import List, Optional
+from typing import List, Optional, Tuple
+
+import numpy as np
 
 from ..errors import VoiceChatError
+from .wire import MODEL_INPUT_RATE, Append
 
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
@@ -62,6 +65,8 @@ class Channel:
         self.t0: Optional[float] = None  # when the first audio arrived (set by the subclass)
         self.first_audio_sent = False
         self.session = None
+        self.position = 0  # 16 kHz samples queued for the session so far
+        self.consumed = 0  # 16 kHz samples fed to the session
 
     # -- plumbing --
 
@@ -100,6 +105,29 @@ class Channel:
         except asyncio.QueueFull:
             self.stop(*self.closing)
 
+    @property
+    def lag_seconds(self) -> float:
+        return (self.position - self.consumed) / MODEL_INPUT_RATE
+
+    def lag_since(self) -> Tuple[float, int, Optional[float]]:
+        """(wall clock, position) the lag's sides are judged from, and the seconds of the
+        client's audio since (None: all the audio since is the client's)."""
+        raise NotImplementedError
+
+    def check_lag(self) -> bool:
+        """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, naming
+        the side that is behind (True)."""
+        bound = self.server.max_lag_seconds
+        if self.lag_seconds <= bound:
+            return False
+        t0, start, client = self.lag_since()
+        audio = (self.position - start) / MODEL_INPUT_RATE
+        fed = (self.consumed - start) / MODEL_INPUT_RATE
+        client = audio if client is None else client
+        why = lag_message(self.lag_seconds, bound, audio, time.monotonic() - t0, fed, client)
+        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+        return True
+
     def drop_work(self) -> None:
         """On ``fail``: forget the work queued for the session."""
         self.inbox.clear()
@@ -120,8 +148,37 @@ class Channel:
         return True
 
     def take(self, raw) -> bool:
-        """One client message; False ends the reader."""
+        """One client message through the protocol; False ends the reader."""
+        events, commands = self.protocol.receive(raw)
+        self.send(events)
+        for c in commands:
+            self.command(c)
+        return True
+
+    def command(self, c) -> None:
+        """One of the protocol's commands into the driver's inbox."""
         raise NotImplementedError
+
+    def drop_audio(self) -> int:
+        """Drop the client audio queued for the driver (``Clear``); the samples dropped."""
+        dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
+        self.inbox = deque(x for x in self.inbox if not isinstance(x, Append))
+        return dropped
+
+    def _take_audio(self, first: Append) -> np.ndarray:
+        """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
+        limit = self.server.chunk_samples
+        parts, n, silence = [first.samples], first.samples.size, first.silence
+        while self.inbox and isinstance(self.inbox[0], Append) and n < limit:
+            c = self.inbox.popleft()
+            parts.append(c.samples)
+            n += c.samples.size
+            silence = silence and c.silence
+        samples = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if samples.size > limit:
+            self.inbox.appendleft(Append(samples[limit:], silence=silence))
+            samples = samples[:limit]
+        return samples
 
     def free(self) -> None:
         """Give the slot back (the tasks have ended)."""
@@ -134,8 +191,22 @@ class Channel:
         """The coroutines the connection runs until one ends or it is stopped."""
         return [self._reader(), self._driver(), self._writer()]
 
-    async def _driver(self) -> None:
+    def has_work(self) -> bool:
+        return bool(self.inbox)
+
+    async def step(self, worker) -> None:
+        """One job of the driver."""
         raise NotImplementedError
+
+    async def _driver(self) -> None:
+        while True:
+            if not self.has_work():
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            if self.closing is not None:
+                await self.stopped.wait()  # the writer sends the error, then closes
+            await self.step(self.server.worker)
 
     async def run(self) -> None:
         self.server.channels.add(self)

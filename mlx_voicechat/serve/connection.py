@@ -6,13 +6,12 @@ bound. :class:`~.server.Server` is what the connections share.
 
 import asyncio
 import time
-from collections import deque
 from typing import Optional
 
 import numpy as np
 
 from ..nemotron_voicechat.runtime.tools import ToolError
-from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, lag_message, log
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN, Channel, log
 from .mcp_runner import McpRunner
 from .protocol import Realtime
 from .server import Server
@@ -52,12 +51,10 @@ class Conversation(Channel):
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
         self.t0: Optional[float] = None  # when the first audio arrived
-        self.position = 0  # 16 kHz samples queued so far (client audio and clock silence)
-        self.consumed = 0  # 16 kHz samples fed to the session
         # Samples past the last frame that the audio so far completes: held here, not fed, so
         # that input_audio_buffer.clear can drop them (the session keeps no partial frame).
         self.held = np.zeros(0, np.float32)
-        self.client_seconds = 0.0  # client audio queued so far, seconds
+        self.client_seconds = 0.0  # client audio queued so far (position counts clock silence)
         self.last_audio = time.monotonic()  # when the client last sent audio (or connected)
         self.drain: Optional[dict] = None
         self._stats = {"frames": 0, "seconds": 0.0}
@@ -70,21 +67,10 @@ class Conversation(Channel):
         super().drop_work()
         self.drain = None
 
-    @property
-    def lag_seconds(self) -> float:
-        return (self.position - self.consumed) / MODEL_INPUT_RATE
-
-    def check_lag(self) -> None:
-        """Past ``max_lag_seconds``: ``lag_exceeded``, which side is behind counted from the
-        session's start (the clock keeps the input up with the wall clock while the client is
-        quiet)."""
-        if self.lag_seconds <= self.server.max_lag_seconds:
-            return
-        elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
-        audio, fed = self.position / MODEL_INPUT_RATE, self.consumed / MODEL_INPUT_RATE
-        bound = self.server.max_lag_seconds
-        why = lag_message(self.lag_seconds, bound, audio, elapsed, fed, self.client_seconds)
-        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+    def lag_since(self):
+        """Counted from the session's start (the clock keeps the input up with the wall clock
+        while the client is quiet)."""
+        return (time.monotonic() if self.t0 is None else self.t0), 0, self.client_seconds
 
     def command(self, c) -> None:
         if isinstance(c, Start):
@@ -101,10 +87,7 @@ class Conversation(Channel):
             self.inbox.append(c)
             self.check_lag()
         elif isinstance(c, Clear):
-            kept = [x for x in self.inbox if not isinstance(x, Append)]
-            dropped = sum(x.samples.size for x in self.inbox if isinstance(x, Append))
-            self.inbox = deque(kept)
-            self.position -= dropped + self.held.size
+            self.position -= self.drop_audio() + self.held.size
             self.held = self.held[:0]
         elif isinstance(c, Cancel):
             self.cancel_pending = True
@@ -145,14 +128,6 @@ class Conversation(Channel):
 
         self.server.worker.submit(close)
 
-    def take(self, raw) -> bool:
-        """One client message through the protocol; False ends the reader."""
-        events, commands = self.protocol.receive(raw)
-        self.send(events)
-        for c in commands:
-            self.command(c)
-        return True
-
     async def _idle(self) -> None:
         """No client audio for ``idle_timeout`` seconds (since it connected or last sent
         some) ends the connection: an error event, then close 4408."""
@@ -183,28 +158,23 @@ class Conversation(Channel):
             wait = self.t0 + grace + (self.position + SAMPLES_PER_FRAME) / MODEL_INPUT_RATE - now
             await asyncio.sleep(min(max(wait, 0.005), 1.0))
 
-    async def _driver(self) -> None:
-        worker = self.server.worker
-        while True:
-            if not (self.inbox or self.cancel_pending or self.drain):
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            if self.closing is not None:
-                await self.stopped.wait()  # the writer sends the error, then closes
-            if self.cancel_pending:
-                self.cancel_pending = False
-                if self.session is not None:
-                    await worker.run(self.session.cancel)
-                continue
-            if self.drain is not None and not self._client_audio_waiting():
-                await self._job(self._drain_step())
-                continue
-            if self.drain is not None:
-                self._end_drain()
-            c = self.inbox.popleft()
-            if await self._job(self._execute(c, worker)) and isinstance(c, Commit):
-                self.drain = {"fed": 0, "done": self.protocol.responses_done}
+    def has_work(self) -> bool:
+        return bool(self.inbox or self.cancel_pending or self.drain)
+
+    async def step(self, worker) -> None:
+        if self.cancel_pending:
+            self.cancel_pending = False
+            if self.session is not None:
+                await worker.run(self.session.cancel)
+            return
+        if self.drain is not None and not self._client_audio_waiting():
+            await self._job(self._drain_step())
+            return
+        if self.drain is not None:
+            self._end_drain()
+        c = self.inbox.popleft()
+        if await self._job(self._execute(c, worker)) and isinstance(c, Commit):
+            self.drain = {"fed": 0, "done": self.protocol.responses_done}
 
     async def _execute(self, c, worker) -> None:
         """One client command (a commit's trailing silence is the driver's drain)."""
@@ -292,21 +262,6 @@ class Conversation(Channel):
         cut = session.samples_needed(target - 1) - fed if target > done else 0
         self.held = samples[cut:]
         return samples[:cut]
-
-    def _take_audio(self, first: Append) -> np.ndarray:
-        """Consecutive queued appends merged into one job of at most ``chunk_samples``."""
-        limit = self.server.chunk_samples
-        parts, n, silence = [first.samples], first.samples.size, first.silence
-        while self.inbox and isinstance(self.inbox[0], Append) and n < limit:
-            c = self.inbox.popleft()
-            parts.append(c.samples)
-            n += c.samples.size
-            silence = silence and c.silence
-        samples = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        if samples.size > limit:
-            self.inbox.appendleft(Append(samples[limit:], silence=silence))
-            samples = samples[:limit]
-        return samples
 
     async def _feed(self, samples: np.ndarray) -> None:
         """Push whole frames of audio into the session; the server's next batched step runs

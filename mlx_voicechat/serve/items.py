@@ -62,22 +62,21 @@ class ItemRecord:
         done.update(id=item_id, object="realtime.item", type=kind, status="completed", **fields)
         return [self.add(done), self.done(done)]
 
-    def retrieve(self, event: dict):
-        item_id = event.get("item_id")
-        item = self.items.get(item_id) if isinstance(item_id, str) else None
-        if item is None:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
-        return [self._event("conversation.item.retrieved", item=item)], []
-
-    def delete(self, event: dict):
-        """Forget an item (the model heard what it heard: only the record goes; a system or
-        developer message's text stays in the instructions)."""
+    def _known(self, event: dict) -> str:
         item_id = event.get("item_id")
         if not isinstance(item_id, str) or item_id not in self.items:
             raise ProtocolError(
                 "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
             )
+        return item_id
+
+    def retrieve(self, event: dict):
+        item = self.items[self._known(event)]
+        return [self._event("conversation.item.retrieved", item=item)], []
+
+    def delete(self, event: dict):
+        """Forget an item (the model heard what it heard: only the record goes; a system or
+        developer message's text stays in the instructions)."""
+        item_id = self._known(event)
         self._forget(item_id)
         return [self._event("conversation.item.deleted", item_id=item_id)], []

@@ -8,9 +8,7 @@ resampled here with stateful streams (no seam at chunk joins).
 
 from __future__ import annotations
 
-import json
-import logging
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from ..nemotron_voicechat.runtime.request import resolve_system_prompt
 from .mcp_tools import McpPolicy, McpTools
@@ -18,29 +16,21 @@ from .responses import MAX_REQUESTS, Responses
 from .wire import (
     DEFAULT_RATE,
     INPUT_RATES,
-    MAX_EVENT_BYTES,
     MODEL_INPUT_RATE,
     OUTPUT_RATES,
-    Append,
     Cancel,
-    Clear,
+    ClientProtocol,
     Command,
     Commit,
     Event,
-    EventSource,
     ProtocolError,
     Resampler,
     Start,
-    _new_id,
-    decode_pcm16,
     format_rate,
     modalities_of,
-    not_utf8,
+    session_of,
     tools_of,
-    utf8,
 )
-
-log = logging.getLogger("mlx_voicechat.serve")
 
 # Client event names this server acts on; other known names are answered as unsupported.
 _UNSUPPORTED = {
@@ -49,7 +39,7 @@ _UNSUPPORTED = {
 NOTE_ROLES = ("system", "developer")  # text messages that join the instructions
 
 
-class Realtime(EventSource):
+class Realtime(ClientProtocol):
     """One connection's protocol state: the session's choices here, its conversation in
     :attr:`responses` (:class:`~.responses.Responses`). Not thread-safe; the transport owns it.
 
@@ -64,23 +54,18 @@ class Realtime(EventSource):
         extensions: bool = False,
         mcp: Optional[McpPolicy] = None,
     ):
-        super().__init__()
+        super().__init__(model_id)
         self.mcp = McpTools(self, mcp)  # the session's mcp tools (serve/mcp_tools.py)
         self.extensions = extensions  # x-voicechat.* events for a client that asked for them
-        self.model_id = model_id
         self.max_instructions_chars = max_instructions_chars
-        self.session_id = _new_id("sess")
         self.instructions: Optional[str] = None
         self.notes: List[str] = []  # system / developer text messages: they join the instructions
         self.tools: List[dict] = []
         self.opened_with: Optional[tuple] = None  # (prompt, tools) the model's session runs
         self.voice = voice
-        self.input_rate = DEFAULT_RATE
         self.output_rate = DEFAULT_RATE
         self.transcription = True
         self.turn_detection: Optional[dict] = None  # None: no speech events (serve/speech.py)
-        self.started = False  # the first audio arrived: the session is immutable from here on
-        self._input: Optional[Resampler] = None
         self.responses = Responses(self)
 
     # -- the conversation (serve/responses.py), as the transport and the tests read it --
@@ -144,61 +129,10 @@ class Realtime(EventSource):
             "max_output_tokens": "inf",
         }
 
-    def open(self, vendor: Optional[dict] = None) -> List[Event]:
-        """The events sent when the connection opens; ``vendor`` fields go in ``x-voicechat``."""
-        created = self._event("session.created", session=self.session_object())
-        if vendor:
-            created["x-voicechat"] = dict(vendor)
-        return [created]
-
-    # -- client events --
-
-    def receive(self, raw) -> Tuple[List[Event], List[Command]]:
-        """One client WebSocket message -> (server events, worker commands)."""
-        client_id = None
-
-        def refused(code: str, message: str, param: Optional[str] = None):
-            return [self.error(code, message, param, client_id)], []
-
-        if isinstance(raw, (bytes, bytearray)):
-            return refused("invalid_event", "binary messages are not events; send JSON text")
-        size = len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
-        if size > MAX_EVENT_BYTES:
-            message = f"the event is {size} bytes; at most {MAX_EVENT_BYTES} are accepted"
-            return refused("event_too_large", message + " (send audio in smaller appends)")
-        try:
-            event = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            return refused("invalid_json", f"the event is not valid JSON: {e}")
-        if not isinstance(event, dict):
-            return refused("invalid_event", "an event must be a JSON object")
-        client_id = event.get("event_id")
-        if not isinstance(client_id, str) or not utf8(client_id):
-            client_id = None
-        where = not_utf8(event) if "\\u" in raw or not raw.isascii() else None
-        if where is not None:
-            message = (
-                f"`{where}` holds a lone surrogate (a \\ud800-\\udfff escape that is not half of "
-                "a pair): it is not text"
-            )
-            return refused("invalid_value", message, where)
-        type_ = event.get("type")
-        if not isinstance(type_, str):
-            return refused("invalid_event", "the event has no string `type`", "type")
-        handler = _HANDLERS.get(type_)
-        try:
-            if handler is not None:
-                return handler(self, event)
-            if type_ in _UNSUPPORTED:
-                raise ProtocolError("unsupported_event", f"{type_}: {_UNSUPPORTED[type_]}", "type")
-            raise ProtocolError("unknown_event", f"unknown event type {type_[:100]!r}", "type")
-        except ProtocolError as e:
-            return refused(e.code, e.message, e.param)
-        except Exception as e:  # a shape no check above foresaw: answered, logged, not fatal
-            shown = "(not shown: it has headers)" if '"headers"' in raw else raw  # secrets
-            log.exception("unexpected client event %.200r", shown)
-            message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
-            return refused("invalid_event", message)
+    def unhandled(self, type_: str) -> ProtocolError:
+        if type_ in _UNSUPPORTED:
+            return ProtocolError("unsupported_event", f"{type_}: {_UNSUPPORTED[type_]}", "type")
+        return super().unhandled(type_)
 
     def _session_update(self, event: dict):
         """Each field on its own: what this model cannot honour is refused with an error that
@@ -206,9 +140,7 @@ class Realtime(EventSource):
         ignored), and every other field is applied; ``session.updated`` then says what is in
         effect. Instructions or tools that change after the audio started restart the model's
         conversation with the new prompt (:meth:`_restart`)."""
-        session = event.get("session")
-        if not isinstance(session, dict):
-            raise ProtocolError("invalid_value", "`session` must be an object", "session")
+        session, a_in, a_out = session_of(event)
         kind = session.get("type", "realtime")
         if kind != "realtime":
             raise ProtocolError(
@@ -216,9 +148,6 @@ class Realtime(EventSource):
                 f'session.type {kind!r} is not served; use "realtime"',
                 "session.type",
             )
-        audio = session.get("audio") if isinstance(session.get("audio"), dict) else {}
-        a_in = audio.get("input") if isinstance(audio.get("input"), dict) else {}
-        a_out = audio.get("output") if isinstance(audio.get("output"), dict) else {}
         client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         new: dict = {}
         refused: List[ProtocolError] = []
@@ -292,19 +221,6 @@ class Realtime(EventSource):
         self.opened_with = (self.prompt, self.session_tools)
         return Start(*self.opened_with)
 
-    def _append(self, event: dict):
-        samples = decode_pcm16(event.get("audio"))
-        if samples.size == 0:
-            return [], []
-        commands: List[Command] = []
-        if not self.started:
-            self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            commands.append(self.start())
-        resampled = self._input(samples)
-        if resampled.size:
-            commands.append(Append(resampled))
-        return [], commands
-
     def _commit(self, event: dict):
         if not self.started:
             raise ProtocolError(
@@ -319,9 +235,6 @@ class Realtime(EventSource):
             self._event("input_audio_buffer.committed", item_id=item, previous_item_id=previous)
         )
         return events, [Commit()]
-
-    def _clear(self, event: dict):
-        return [self._event("input_audio_buffer.cleared")], [Clear()]
 
     def _response_create(self, event: dict):
         """A request for a response. This model decides itself when to speak, so the request
@@ -415,17 +328,16 @@ class Realtime(EventSource):
         there is nothing here to clear; acknowledged."""
         return [self._event("output_audio_buffer.cleared", response_id=None)], []
 
-
-_HANDLERS = {
-    "session.update": Realtime._session_update,
-    "input_audio_buffer.append": Realtime._append,
-    "input_audio_buffer.commit": Realtime._commit,
-    "input_audio_buffer.clear": Realtime._clear,
-    "response.create": Realtime._response_create,
-    "response.cancel": Realtime._response_cancel,
-    "conversation.item.create": Realtime._item_create,
-    "conversation.item.truncate": lambda p, event: p.responses.truncate(event),
-    "conversation.item.retrieve": lambda p, event: p.responses.record.retrieve(event),
-    "conversation.item.delete": lambda p, event: p.responses.record.delete(event),
-    "output_audio_buffer.clear": Realtime._output_clear,
-}
+    HANDLERS = {
+        "session.update": _session_update,
+        "input_audio_buffer.append": ClientProtocol._append,
+        "input_audio_buffer.commit": _commit,
+        "input_audio_buffer.clear": ClientProtocol._clear,
+        "response.create": _response_create,
+        "response.cancel": _response_cancel,
+        "conversation.item.create": _item_create,
+        "conversation.item.truncate": lambda p, event: p.responses.truncate(event),
+        "conversation.item.retrieve": lambda p, event: p.responses.record.retrieve(event),
+        "conversation.item.delete": lambda p, event: p.responses.record.delete(event),
+        "output_audio_buffer.clear": _output_clear,
+    }

@@ -7,31 +7,28 @@ recognizer or a VoiceChat checkpoint's RNNT head; no server VAD (the client comm
 from __future__ import annotations
 
 import json
-import logging
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 
 from .wire import (
-    DEFAULT_RATE,
     INPUT_RATES,
     MAX_EVENT_BYTES,
     MODEL_INPUT_RATE,
     Append,
-    Clear,
+    ClientProtocol,
     Command,
     Commit,
     Event,
-    EventSource,
     ProtocolError,
     Resampler,
     Start,
     _new_id,
-    decode_pcm16,
+    format_rate,
+    session_of,
 )
 
 TRANSCRIPTION = "transcription"
-log = logging.getLogger("mlx_voicechat.serve")
 
 
 def is_transcription_update(raw) -> bool:
@@ -43,33 +40,23 @@ def is_transcription_update(raw) -> bool:
         event = json.loads(raw)
     except (ValueError, RecursionError):
         return False
-    if not isinstance(event, dict):
-        return False
-    if event.get("type") == "transcription_session.update":
-        return True
-    session = event.get("session")
-    return (
-        event.get("type") == "session.update"
-        and isinstance(session, dict)
-        and session.get("type") == TRANSCRIPTION
+    kind = event.get("type") if isinstance(event, dict) else None
+    session = event.get("session") if kind == "session.update" else None
+    return kind == "transcription_session.update" or (
+        isinstance(session, dict) and session.get("type") == TRANSCRIPTION
     )
 
 
-class TranscriptionRealtime(EventSource):
+class TranscriptionRealtime(ClientProtocol):
     """One transcription connection's protocol state; the transport owns it.
 
     ``receive(raw)`` -> ``(events, commands)``; ``transcript(events)`` -> delta events;
     ``completed(...)`` -> the item's end."""
 
     def __init__(self, model_id: str, *, language: Optional[str] = None):
-        super().__init__()
-        self.model_id = model_id
-        self.session_id = _new_id("sess")
-        self.input_rate = DEFAULT_RATE
+        super().__init__(model_id)  # (once audio arrived, the rate and language are fixed)
         self.language = language
         self.transcription_model = model_id
-        self.started = False  # audio arrived: the rate and language are fixed
-        self._input: Optional[Resampler] = None
         self.item: Optional[str] = None  # the item the audio goes to
         self.previous: Optional[str] = None
         self.text = ""  # the current item's transcript so far
@@ -94,50 +81,17 @@ class TranscriptionRealtime(EventSource):
             "include": [],
         }
 
-    def open(self) -> List[Event]:
-        return [self._event("session.created", session=self.session_object())]
-
-    # -- client events --
-
-    def receive(self, raw) -> Tuple[List[Event], List[Command]]:
-        def refused(code: str, message: str):
-            return [self.error(code, message)], []
-
-        if isinstance(raw, (bytes, bytearray)):
-            return refused("invalid_event", "binary messages are not events; send JSON")
-        if len(raw.encode("utf-8", "surrogatepass")) > MAX_EVENT_BYTES:
-            message = f"the event is larger than {MAX_EVENT_BYTES} bytes (send smaller appends)"
-            return refused("event_too_large", message)
-        try:
-            event = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            return refused("invalid_json", f"the event is not valid JSON: {e}")
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            return refused("invalid_event", "an event is a JSON object with a `type`")
-        client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-        type_ = event["type"]
-        handler = _HANDLERS.get(type_)
-        try:
-            if handler is None:
-                raise ProtocolError(
-                    "unsupported_event",
-                    f"{type_[:100]!r} is not served in a transcription session (it takes "
-                    "session.update, input_audio_buffer.append / commit / clear)",
-                    "type",
-                )
-            return handler(self, event)
-        except ProtocolError as e:
-            return [self.error(e.code, e.message, e.param, client_id)], []
-        except Exception as e:  # a shape no check foresaw: answered, logged, not fatal
-            log.exception("unexpected client event %.200r", raw)
-            message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
-            return [self.error("invalid_event", message, None, client_id)], []
+    def unhandled(self, type_: str) -> ProtocolError:
+        return ProtocolError(
+            "unsupported_event",
+            f"{type_[:100]!r} is not served in a transcription session (it takes "
+            "session.update, input_audio_buffer.append / commit / clear)",
+            "type",
+        )
 
     def _session_update(self, event: dict):
         beta = event["type"] == "transcription_session.update"
-        session = event.get("session")
-        if not isinstance(session, dict):
-            raise ProtocolError("invalid_value", "`session` must be an object", "session")
+        session, a_in, _ = session_of(event)
         if not beta and session.get("type", TRANSCRIPTION) != TRANSCRIPTION:
             raise ProtocolError(
                 "invalid_value",
@@ -145,12 +99,12 @@ class TranscriptionRealtime(EventSource):
                 ' cannot be served on it (open a new connection for "realtime")',
                 "session.type",
             )
-        audio = session.get("audio") if isinstance(session.get("audio"), dict) else {}
-        a_in = audio.get("input") if isinstance(audio.get("input"), dict) else {}
         new = {}
-        fmt = a_in.get("format")
-        if fmt is not None or session.get("input_audio_format") is not None:
-            new["input_rate"] = _rate(fmt, session.get("input_audio_format"))
+        rate = format_rate(
+            a_in.get("format"), session.get("input_audio_format"), INPUT_RATES, "input"
+        )
+        if rate is not None:
+            new["input_rate"] = rate
         t = a_in.get("transcription", session.get("input_audio_transcription"))
         if t is not None:
             if not isinstance(t, dict):
@@ -185,21 +139,15 @@ class TranscriptionRealtime(EventSource):
         name = "transcription_session.updated" if beta else "session.updated"
         return [self._event(name, session=self.session_object())], []
 
-    def _append(self, event: dict):
-        samples = decode_pcm16(event.get("audio"))
-        if samples.size == 0:
-            return [], []
-        commands: List[Command] = []
-        if not self.started:
-            self.started = True
-            self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
-            commands.append(Start(self.language))
+    def start(self) -> Start:
+        self.started = True
+        return Start(self.language)
+
+    def _audio_begins(self) -> List[Command]:
+        commands = super()._audio_begins()
         if self.item is None:
             self.item, self.text = _new_id("item"), ""
-        resampled = self._input(samples)
-        if resampled.size:
-            commands.append(Append(resampled))
-        return [], commands
+        return commands
 
     def _commit(self, event: dict):
         if self.item is None:
@@ -215,8 +163,13 @@ class TranscriptionRealtime(EventSource):
         commands: List[Command] = [Append(tail)] if tail.size else []
         return [committed], commands + [Commit()]
 
-    def _clear(self, event: dict):
-        return [self._event("input_audio_buffer.cleared")], [Clear()]
+    HANDLERS = {
+        "session.update": _session_update,
+        "transcription_session.update": _session_update,
+        "input_audio_buffer.append": ClientProtocol._append,
+        "input_audio_buffer.commit": _commit,
+        "input_audio_buffer.clear": ClientProtocol._clear,
+    }
 
     # -- worker results --
 
@@ -239,33 +192,4 @@ class TranscriptionRealtime(EventSource):
         return out
 
 
-def _rate(ga, beta) -> int:
-    if ga is not None:
-        if not isinstance(ga, dict) or ga.get("type", "audio/pcm") != "audio/pcm":
-            raise ProtocolError(
-                "invalid_value",
-                'the audio format must be {"type": "audio/pcm", "rate": ...}',
-                "session.audio.input.format",
-            )
-        rate = ga.get("rate", DEFAULT_RATE)
-        if isinstance(rate, bool) or rate not in INPUT_RATES:
-            raise ProtocolError(
-                "invalid_value",
-                f"input rate {rate!r} is not served; use one of {', '.join(map(str, INPUT_RATES))}",
-                "session.audio.input.format",
-            )
-        return int(rate)
-    if beta != "pcm16":
-        raise ProtocolError("invalid_value", f"audio format {beta!r} is not served; use pcm16")
-    return DEFAULT_RATE
-
-
 _EMPTY = np.zeros(0, np.float32)
-
-_HANDLERS = {
-    "session.update": TranscriptionRealtime._session_update,
-    "transcription_session.update": TranscriptionRealtime._session_update,
-    "input_audio_buffer.append": TranscriptionRealtime._append,
-    "input_audio_buffer.commit": TranscriptionRealtime._commit,
-    "input_audio_buffer.clear": TranscriptionRealtime._clear,
-}

@@ -7,10 +7,11 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
+import json
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -150,6 +151,20 @@ def tools_of(session: dict) -> Optional[List[dict]]:
         raise ProtocolError("invalid_value", str(e), "session.tools") from None
 
 
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def session_of(event: dict) -> Tuple[dict, dict, dict]:
+    """A ``session.update``'s ``session`` and its ``audio.input`` / ``audio.output`` ({} if
+    absent)."""
+    session = event.get("session")
+    if not isinstance(session, dict):
+        raise ProtocolError("invalid_value", "`session` must be an object", "session")
+    audio = _object(session.get("audio"))
+    return session, _object(audio.get("input")), _object(audio.get("output"))
+
+
 def format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
     """The PCM rate of a GA ``{type, rate}`` format or a beta ``"pcm16"`` string (24 kHz)."""
     param = f"session.audio.{which}.format"
@@ -278,3 +293,96 @@ class EventSource:
             },
         )
 
+
+class ClientProtocol(EventSource):
+    """What both kinds of session (duplex :class:`.protocol.Realtime`, :class:`.transcription
+    .TranscriptionRealtime`) do with a client's events: ``receive(raw)`` -> ``(events,
+    commands)`` through the subclass's ``HANDLERS``, and the input audio buffer's append (PCM16
+    resampled to the model's rate; the first audio opens the model's session through the
+    subclass's ``start()``) and clear. A subclass also gives its ``session_object()``."""
+
+    HANDLERS: Dict[str, Callable] = {}  # event type -> handler(self, event)
+
+    def __init__(self, model_id: str):
+        super().__init__()
+        self.model_id = model_id
+        self.session_id = _new_id("sess")
+        self.input_rate = DEFAULT_RATE
+        self.started = False  # the first audio arrived
+        self._input: Optional[Resampler] = None
+
+    def open(self, vendor: Optional[dict] = None) -> List[Event]:
+        """The events sent when the connection opens; ``vendor`` fields go in ``x-voicechat``."""
+        created = self._event("session.created", session=self.session_object())
+        if vendor:
+            created["x-voicechat"] = dict(vendor)
+        return [created]
+
+    def unhandled(self, type_: str) -> ProtocolError:
+        """The error for an event type that has no handler here."""
+        return ProtocolError("unknown_event", f"unknown event type {type_[:100]!r}", "type")
+
+    def receive(self, raw) -> Tuple[List[Event], List[Command]]:
+        """One client WebSocket message -> (server events, worker commands)."""
+        client_id = None
+
+        def refused(code: str, message: str, param: Optional[str] = None):
+            return [self.error(code, message, param, client_id)], []
+
+        if isinstance(raw, (bytes, bytearray)):
+            return refused("invalid_event", "binary messages are not events; send JSON text")
+        size = len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_EVENT_BYTES:
+            message = f"the event is {size} bytes; at most {MAX_EVENT_BYTES} are accepted"
+            return refused("event_too_large", message + " (send audio in smaller appends)")
+        try:
+            event = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            return refused("invalid_json", f"the event is not valid JSON: {e}")
+        if not isinstance(event, dict):
+            return refused("invalid_event", "an event must be a JSON object")
+        client_id = event.get("event_id")
+        if not isinstance(client_id, str) or not utf8(client_id):
+            client_id = None
+        where = not_utf8(event) if "\\u" in raw or not raw.isascii() else None
+        if where is not None:
+            message = (
+                f"`{where}` holds a lone surrogate (a \\ud800-\\udfff escape that is not half of "
+                "a pair): it is not text"
+            )
+            return refused("invalid_value", message, where)
+        type_ = event.get("type")
+        if not isinstance(type_, str):
+            return refused("invalid_event", "the event has no string `type`", "type")
+        handler = self.HANDLERS.get(type_)
+        try:
+            if handler is None:
+                raise self.unhandled(type_)
+            return handler(self, event)
+        except ProtocolError as e:
+            return refused(e.code, e.message, e.param)
+        except Exception as e:  # a shape no check above foresaw: answered, logged, not fatal
+            shown = "(not shown: it has headers)" if '"headers"' in raw else raw  # secrets
+            log.exception("unexpected client event %.200r", shown)
+            message = f"the {type_[:100]!r} event could not be handled ({type(e).__name__})"
+            return refused("invalid_event", message)
+
+    def _audio_begins(self) -> List[Command]:
+        """The commands before a client's audio: the first opens the model's session."""
+        if self.started:
+            return []
+        self._input = Resampler(self.input_rate, MODEL_INPUT_RATE)
+        return [self.start()]
+
+    def _append(self, event: dict):
+        samples = decode_pcm16(event.get("audio"))
+        if samples.size == 0:
+            return [], []
+        commands = self._audio_begins()
+        resampled = self._input(samples)
+        if resampled.size:
+            commands.append(Append(resampled))
+        return [], commands
+
+    def _clear(self, event: dict):
+        return [self._event("input_audio_buffer.cleared")], [Clear()]
