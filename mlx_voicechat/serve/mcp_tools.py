@@ -17,14 +17,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..nemotron_voicechat.runtime.mcp_config import shown_url
+from ..nemotron_voicechat.runtime.mcp_config import (
+    DEFAULT_TOOL_TIMEOUT,
+    ERROR_CODES,
+    MAX_RESPONSE_BYTES,
+    MAX_RESULT_CHARS,
+    function_tools,
+    is_http_url,
+    is_name,
+    of_strings,
+    shown_url,
+)
 from ..nemotron_voicechat.runtime.tools import MAX_TOOLS
 from .wire import Event, ProtocolError, ToolResult, _new_id
-
-DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
-MAX_RESULT_CHARS = 4000  # characters of a result passed to the model
-MAX_RESPONSE_BYTES = 4 << 20  # an MCP server's one streamed event, read at most
-ERROR_CODES = {"timeout": -32001, "closed": -32000}  # JSON-RPC codes the MCP SDK uses
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def _names(value, param: str) -> Optional[Tuple[str, ...]]:
         value = value.get("tool_names")
         if value is None:
             return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not of_strings(value, list):
         raise ProtocolError("invalid_value", f"`{param}` must list tool names", param)
     return tuple(value)
 
@@ -143,16 +148,14 @@ class McpTools:
 
     def _parse(self, tool: dict, param: str) -> _Server:
         label = tool.get("server_label")
-        if not isinstance(label, str) or not label or not all(
-            c.isalnum() or c in "_-" for c in label
-        ):
+        if not is_name(label):
             raise ProtocolError(
                 "invalid_value",
                 "server_label must be a non-empty string of letters, digits, _ and -",
                 f"{param}.server_label",
             )
         url = tool.get("server_url")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        if not is_http_url(url):
             raise ProtocolError(
                 "invalid_value",
                 "an mcp tool needs a server_url (http:// or https://); connectors and tunnels "
@@ -168,9 +171,7 @@ class McpTools:
                 f"{param}.server_url",
             )
         headers = tool.get("headers") or {}
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
+        if not of_strings(headers, dict):
             raise ProtocolError("invalid_value", "`headers` must be an object of strings",
                                 f"{param}.headers")
         if isinstance(tool.get("authorization"), str):
@@ -264,12 +265,8 @@ class McpTools:
         return events, p._restart()
 
     def _rename(self) -> None:
-        from ..nemotron_voicechat.runtime.mcp_config import function_tool, name_tools
-
         listed = [(s.label, s.tools) for s in self.servers.values() if s.active and s.tools]
-        named = name_tools(listed, [t["name"] for t in self.p.tools])
-        self.functions = [function_tool(n, t) for n, _, t in named]
-        self.routes = {n: (label, t.name) for n, label, t in named}
+        self.functions, self.routes = function_tools(listed, [t["name"] for t in self.p.tools])
 
     # -- calls --
 

@@ -21,24 +21,24 @@ from contextlib import AsyncExitStack
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .mcp_config import (  # noqa: F401  (the config's names are importable from here too)
+    DEFAULT_TOOL_TIMEOUT,
+    ERROR_CODES,
+    MAX_RESPONSE_BYTES,
+    MAX_RESULT_CHARS,
     MCPError,
     ServerSpec,
     ToolOutcome,
     _one_line,
-    function_tool,
-    name_tools,
+    function_tools,
     parse_config,
     read_config,
     result_text,
+    shown_url,
 )
 from .tools import MAX_TOOLS
 
-DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
 START_TIMEOUT = 30.0  # seconds a server has to start and list its tools
-MAX_RESULT_CHARS = 4000  # a longer result is refused: it would take minutes to inject
-MAX_RESPONSE_BYTES = 4 << 20  # an HTTP server's one SSE event, read at most (the transport's bound)
 CLOSE_TIMEOUT = 10.0
-CONNECTION_CLOSED = -32000  # the SDK's JSON-RPC error code for a connection that ended
 
 
 def require_sdk():
@@ -236,7 +236,7 @@ class MCPClient:
         try:
             result = call.result()
         except BaseException as e:  # noqa: BLE001
-            closed = getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED
+            closed = getattr(getattr(e, "error", None), "code", None) == ERROR_CODES["closed"]
             if closed or (conn.task is not None and conn.task.done()):
                 # the server is gone: later calls are refused at once, and its task ends
                 conn.gone = conn.gone or "its connection closed" + conn._stderr_tail()
@@ -330,15 +330,14 @@ class MCPTools:
                     )
                 tools = [t for t in tools if t.name in spec.allowed_tools]
             listed.append((spec.name, tools))
-        named = name_tools(listed, taken)
-        if len(named) + len(taken) > MAX_TOOLS:
-            offered = ", ".join(n for n, _, _ in named)
+        functions, routes = function_tools(listed, taken)
+        if len(functions) + len(taken) > MAX_TOOLS:
             raise MCPError(
-                f"the MCP servers offer {len(named)} tools ({offered}); the model takes at most "
+                f"the MCP servers offer {len(functions)} tools "
+                f"({', '.join(f['name'] for f in functions)}); the model takes at most "
                 f"{MAX_TOOLS} in all: keep some with an \"allowedTools\" list per server"
             )
-        self.functions = [function_tool(n, t) for n, _, t in named]
-        self.routes = {n: (server, t.name) for n, server, t in named}
+        self.functions, self.routes = functions, routes
         return self.functions
 
     def owns(self, name: str) -> bool:
