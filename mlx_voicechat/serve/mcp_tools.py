@@ -105,7 +105,7 @@ class McpTools:
         self.servers: Dict[str, _Server] = {}
         self.routes: Dict[str, Tuple[str, str]] = {}  # function name -> (label, tool)
         self.functions: List[dict] = []
-        self.approvals: Dict[str, Tuple[McpJob, str]] = {}  # request id -> (job, call_id)
+        self.approvals: Dict[str, McpJob] = {}  # the approval requests that wait, by id
         self.launch: Optional[Callable[[McpJob], None]] = None  # the runner's, once connected
         self.outbox: List[McpJob] = []  # jobs while no runner is attached (socket-free tests)
         self._events: List[Event] = []
@@ -191,15 +191,9 @@ class McpTools:
 
     def echo(self) -> List[dict]:
         """The session's mcp tools as ``session.updated`` shows them (no headers)."""
-        out = []
-        for s in self.servers.values():
-            if s.active:
-                out.append({
-                    "type": "mcp", "server_label": s.label, "server_url": s.url,
-                    "allowed_tools": list(s.allowed) if s.allowed is not None else None,
-                    "require_approval": s.approval,
-                })
-        return out
+        return [{"type": "mcp", "server_label": s.label, "server_url": s.url,
+                 "allowed_tools": list(s.allowed) if s.allowed is not None else None,
+                 "require_approval": s.approval} for s in self.servers.values() if s.active]
 
     def events(self) -> List[Event]:
         """The events of the last :meth:`take` (after the session's function tools are set)."""
@@ -208,10 +202,7 @@ class McpTools:
         return out
 
     def _run(self, job: McpJob) -> None:
-        if self.launch is not None:
-            self.launch(job)
-        else:
-            self.outbox.append(job)
+        (self.launch or self.outbox.append)(job)
 
     # -- listing --
 
@@ -281,13 +272,18 @@ class McpTools:
         return tool not in (_names(a.get("never"), "never") or ())
 
     def _own_response(self) -> Tuple[str, Event]:
-        p = self.p
         rid = _new_id("resp")
-        obj = self._response(rid, "in_progress", [])
-        return rid, p._event("response.created", response=obj)
+        obj = self.p.responses.response_object("in_progress", [], r={"id": rid})
+        return rid, self.p._event("response.created", response=obj)
 
-    def _response(self, rid: str, status: str, output: list) -> dict:
-        return self.p.responses.response_object(status, output, r={"id": rid})
+    def _end_response(self, rid: str, item: dict) -> List[Event]:
+        """The last events of a response of our own, ``item`` its one output."""
+        p = self.p
+        p.responses.responses_done += 1
+        obj = p.responses.response_object("completed", [item], r={"id": rid})
+        return [p._event("response.output_item.done", response_id=rid, output_index=0, item=item),
+                p._event("conversation.item.done", previous_item_id=None, item=item),
+                p._event("response.done", response=obj)]
 
     def call(self, call) -> List[Event]:
         """A call the model wrote to an MCP tool: an approval request, or the call run."""
@@ -303,14 +299,10 @@ class McpTools:
         rid, created = self._own_response()
         item = {"id": _new_id("item"), "object": "realtime.item", "type": "mcp_approval_request",
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
-        self.approvals[item["id"]] = (job, job.call_id)
-        ref = dict(response_id=rid, output_index=0, item=item)
-        events = [created, p._event("response.output_item.added", **ref),
-                  p.responses.record.add(item), p._event("response.output_item.done", **ref),
-                  p._event("conversation.item.done", previous_item_id=None, item=item),
-                  p._event("response.done", response=self._response(rid, "completed", [item]))]
-        p.responses.responses_done += 1
-        return events
+        self.approvals[item["id"]] = job
+        return [created,
+                p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
+                p.responses.record.add(item), *self._end_response(rid, item)]
 
     def _item(self, job: McpJob, **fields) -> dict:
         item = {"id": job.item_id, "object": "realtime.item", "type": "mcp_call",
@@ -351,15 +343,8 @@ class McpTools:
                        "message": error}
             item, done = self._item(job, error=err), "response.mcp_call.failed"
             heard = json.dumps({"error": error})
-        events = [
-            p._event(done, item_id=job.item_id, output_index=0),
-            p._event("response.output_item.done", response_id=job.response_id, output_index=0,
-                     item=item),
-            p._event("conversation.item.done", previous_item_id=None, item=item),
-            p._event("response.done",
-                     response=self._response(job.response_id, "completed", [item])),
-        ]
-        p.responses.responses_done += 1
+        events = [p._event(done, item_id=job.item_id, output_index=0),
+                  *self._end_response(job.response_id, item)]
         return events, [ToolResult(job.call_id, heard)]
 
     def approval(self, item: dict):
@@ -375,7 +360,7 @@ class McpTools:
         if not isinstance(approve, bool):
             raise ProtocolError("invalid_value", "`approve` must be true or false",
                                 "item.approve")
-        job, call_id = self.approvals.pop(request)
+        job = self.approvals.pop(request)
         done = {"id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
@@ -385,6 +370,6 @@ class McpTools:
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
             refused = json.dumps({"error": f"the user did not approve the call{why}"})
-            return events, [ToolResult(call_id, refused)]
+            return events, [ToolResult(job.call_id, refused)]
         job.approval_request_id = request
         return events + self._start(job), []
