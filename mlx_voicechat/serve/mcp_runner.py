@@ -5,7 +5,6 @@ of its own, never the MLX worker) and hands the outcomes back."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 
@@ -15,9 +14,8 @@ log = logging.getLogger("mlx_voicechat.serve")
 
 
 class McpRunner:
-    """The connection's side: runs :class:`McpJob` objects on one
-    ``nemotron_voicechat.runtime.mcp.MCPClient``
-    (its own thread and event loop) and hands the outcomes to the protocol and the driver."""
+    """Runs a connection's :class:`McpJob` objects; the outcomes go to its protocol and
+    driver."""
 
     def __init__(self, conversation, policy: McpPolicy):
         self.c = conversation
@@ -57,10 +55,9 @@ class McpRunner:
                 events, commands = mcp.listed(s.label, None, str(e))
         else:
             try:
-                arguments = json.loads(job.arguments or "{}")
-                future = self._client().call(job.server.label, job.tool, arguments)
+                future = self._client().call(job.server.label, job.tool, job.arguments)
                 text, error, kind = await asyncio.wrap_future(future)
-            except (ValueError, MCPError) as e:
+            except MCPError as e:
                 text, error, kind = "", f"the call could not run: {e}", "protocol"
             events, commands = mcp.finished(job, text, error, kind)
             log.info("%s: MCP call %s.%s %s", self.c.protocol.session_id, job.server.label,

@@ -17,14 +17,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..nemotron_voicechat.runtime.mcp_config import shown_url
+from ..nemotron_voicechat.runtime.mcp_config import (
+    DEFAULT_TOOL_TIMEOUT,
+    ERROR_CODES,
+    MAX_RESPONSE_BYTES,
+    MAX_RESULT_CHARS,
+    function_tools,
+    is_http_url,
+    is_name,
+    of_strings,
+    shown_url,
+)
 from ..nemotron_voicechat.runtime.tools import MAX_TOOLS
 from .wire import Event, ProtocolError, ToolResult, _new_id
-
-DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
-MAX_RESULT_CHARS = 4000  # characters of a result passed to the model
-MAX_RESPONSE_BYTES = 4 << 20  # an MCP server's one streamed event, read at most
-ERROR_CODES = {"timeout": -32001, "closed": -32000}  # JSON-RPC codes the MCP SDK uses
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def _names(value, param: str) -> Optional[Tuple[str, ...]]:
         value = value.get("tool_names")
         if value is None:
             return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not of_strings(value, list):
         raise ProtocolError("invalid_value", f"`{param}` must list tool names", param)
     return tuple(value)
 
@@ -100,7 +105,7 @@ class McpTools:
         self.servers: Dict[str, _Server] = {}
         self.routes: Dict[str, Tuple[str, str]] = {}  # function name -> (label, tool)
         self.functions: List[dict] = []
-        self.approvals: Dict[str, Tuple[McpJob, str]] = {}  # request id -> (job, call_id)
+        self.approvals: Dict[str, McpJob] = {}  # the approval requests that wait, by id
         self.launch: Optional[Callable[[McpJob], None]] = None  # the runner's, once connected
         self.outbox: List[McpJob] = []  # jobs while no runner is attached (socket-free tests)
         self._events: List[Event] = []
@@ -143,16 +148,14 @@ class McpTools:
 
     def _parse(self, tool: dict, param: str) -> _Server:
         label = tool.get("server_label")
-        if not isinstance(label, str) or not label or not all(
-            c.isalnum() or c in "_-" for c in label
-        ):
+        if not is_name(label):
             raise ProtocolError(
                 "invalid_value",
                 "server_label must be a non-empty string of letters, digits, _ and -",
                 f"{param}.server_label",
             )
         url = tool.get("server_url")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        if not is_http_url(url):
             raise ProtocolError(
                 "invalid_value",
                 "an mcp tool needs a server_url (http:// or https://); connectors and tunnels "
@@ -168,9 +171,7 @@ class McpTools:
                 f"{param}.server_url",
             )
         headers = tool.get("headers") or {}
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
+        if not of_strings(headers, dict):
             raise ProtocolError("invalid_value", "`headers` must be an object of strings",
                                 f"{param}.headers")
         if isinstance(tool.get("authorization"), str):
@@ -190,15 +191,9 @@ class McpTools:
 
     def echo(self) -> List[dict]:
         """The session's mcp tools as ``session.updated`` shows them (no headers)."""
-        out = []
-        for s in self.servers.values():
-            if s.active:
-                out.append({
-                    "type": "mcp", "server_label": s.label, "server_url": s.url,
-                    "allowed_tools": list(s.allowed) if s.allowed is not None else None,
-                    "require_approval": s.approval,
-                })
-        return out
+        return [{"type": "mcp", "server_label": s.label, "server_url": s.url,
+                 "allowed_tools": list(s.allowed) if s.allowed is not None else None,
+                 "require_approval": s.approval} for s in self.servers.values() if s.active]
 
     def events(self) -> List[Event]:
         """The events of the last :meth:`take` (after the session's function tools are set)."""
@@ -207,10 +202,7 @@ class McpTools:
         return out
 
     def _run(self, job: McpJob) -> None:
-        if self.launch is not None:
-            self.launch(job)
-        else:
-            self.outbox.append(job)
+        (self.launch or self.outbox.append)(job)
 
     # -- listing --
 
@@ -264,12 +256,8 @@ class McpTools:
         return events, p._restart()
 
     def _rename(self) -> None:
-        from ..nemotron_voicechat.runtime.mcp_config import function_tool, name_tools
-
         listed = [(s.label, s.tools) for s in self.servers.values() if s.active and s.tools]
-        named = name_tools(listed, [t["name"] for t in self.p.tools])
-        self.functions = [function_tool(n, t) for n, _, t in named]
-        self.routes = {n: (label, t.name) for n, label, t in named}
+        self.functions, self.routes = function_tools(listed, [t["name"] for t in self.p.tools])
 
     # -- calls --
 
@@ -284,13 +272,18 @@ class McpTools:
         return tool not in (_names(a.get("never"), "never") or ())
 
     def _own_response(self) -> Tuple[str, Event]:
-        p = self.p
         rid = _new_id("resp")
-        obj = self._response(rid, "in_progress", [])
-        return rid, p._event("response.created", response=obj)
+        obj = self.p.responses.response_object("in_progress", [], r={"id": rid})
+        return rid, self.p._event("response.created", response=obj)
 
-    def _response(self, rid: str, status: str, output: list) -> dict:
-        return self.p.responses.response_object(status, output, r={"id": rid})
+    def _end_response(self, rid: str, item: dict) -> List[Event]:
+        """The last events of a response of our own, ``item`` its one output."""
+        p = self.p
+        p.responses.responses_done += 1
+        obj = p.responses.response_object("completed", [item], r={"id": rid})
+        return [p._event("response.output_item.done", response_id=rid, output_index=0, item=item),
+                p._event("conversation.item.done", previous_item_id=None, item=item),
+                p._event("response.done", response=obj)]
 
     def call(self, call) -> List[Event]:
         """A call the model wrote to an MCP tool: an approval request, or the call run."""
@@ -306,14 +299,10 @@ class McpTools:
         rid, created = self._own_response()
         item = {"id": _new_id("item"), "object": "realtime.item", "type": "mcp_approval_request",
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
-        self.approvals[item["id"]] = (job, job.call_id)
-        ref = dict(response_id=rid, output_index=0, item=item)
-        events = [created, p._event("response.output_item.added", **ref),
-                  p.responses.record.add(item), p._event("response.output_item.done", **ref),
-                  p._event("conversation.item.done", previous_item_id=None, item=item),
-                  p._event("response.done", response=self._response(rid, "completed", [item]))]
-        p.responses.responses_done += 1
-        return events
+        self.approvals[item["id"]] = job
+        return [created,
+                p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
+                p.responses.record.add(item), *self._end_response(rid, item)]
 
     def _item(self, job: McpJob, **fields) -> dict:
         item = {"id": job.item_id, "object": "realtime.item", "type": "mcp_call",
@@ -354,15 +343,8 @@ class McpTools:
                        "message": error}
             item, done = self._item(job, error=err), "response.mcp_call.failed"
             heard = json.dumps({"error": error})
-        events = [
-            p._event(done, item_id=job.item_id, output_index=0),
-            p._event("response.output_item.done", response_id=job.response_id, output_index=0,
-                     item=item),
-            p._event("conversation.item.done", previous_item_id=None, item=item),
-            p._event("response.done",
-                     response=self._response(job.response_id, "completed", [item])),
-        ]
-        p.responses.responses_done += 1
+        events = [p._event(done, item_id=job.item_id, output_index=0),
+                  *self._end_response(job.response_id, item)]
         return events, [ToolResult(job.call_id, heard)]
 
     def approval(self, item: dict):
@@ -378,7 +360,7 @@ class McpTools:
         if not isinstance(approve, bool):
             raise ProtocolError("invalid_value", "`approve` must be true or false",
                                 "item.approve")
-        job, call_id = self.approvals.pop(request)
+        job = self.approvals.pop(request)
         done = {"id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
@@ -388,6 +370,6 @@ class McpTools:
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
             refused = json.dumps({"error": f"the user did not approve the call{why}"})
-            return events, [ToolResult(call_id, refused)]
+            return events, [ToolResult(job.call_id, refused)]
         job.approval_request_id = request
         return events + self._start(job), []

@@ -18,27 +18,27 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AsyncExitStack
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .mcp_config import (  # noqa: F401  (the config's names are importable from here too)
+    DEFAULT_TOOL_TIMEOUT,
+    ERROR_CODES,
+    MAX_RESPONSE_BYTES,
+    MAX_RESULT_CHARS,
     MCPError,
     ServerSpec,
     ToolOutcome,
     _one_line,
-    function_tool,
-    name_tools,
+    function_tools,
     parse_config,
     read_config,
     result_text,
+    shown_url,
 )
 from .tools import MAX_TOOLS
 
-DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
 START_TIMEOUT = 30.0  # seconds a server has to start and list its tools
-MAX_RESULT_CHARS = 4000  # a longer result is refused: it would take minutes to inject
-MAX_RESPONSE_BYTES = 4 << 20  # an HTTP server's one SSE event, read at most (the transport's bound)
 CLOSE_TIMEOUT = 10.0
-CONNECTION_CLOSED = -32000  # the SDK's JSON-RPC error code for a connection that ended
 
 
 def require_sdk():
@@ -63,7 +63,7 @@ class _Connection:
         self.spec = spec
         self.session = None
         self.tools: List[Any] = []
-        self.stop: Optional[asyncio.Event] = None
+        self.stop = asyncio.Event()  # bound to the client's loop on its first wait
         self.task: Optional[asyncio.Task] = None
         self.gone: Optional[str] = None  # why the connection ended, once it has
         self.errlog = None
@@ -85,7 +85,6 @@ class _Connection:
         from mcp.types import PaginatedRequestParams
 
         spec = self.spec
-        self.stop = asyncio.Event()
         try:
             async with AsyncExitStack() as stack:
                 if spec.url is not None:
@@ -166,15 +165,11 @@ class MCPClient:
         self.start_timeout = float(start_timeout)
         self._connections: Dict[str, _Connection] = {}
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
+        self.thread = threading.Thread(
             target=self._loop.run_forever, name="mlx-voicechat-mcp", daemon=True
         )
-        self._thread.start()
+        self.thread.start()
         self._closed = False
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
 
     def _submit(self, coro) -> Future:
         if self._closed:
@@ -196,8 +191,7 @@ class MCPClient:
             try:
                 return await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
             except asyncio.TimeoutError:
-                if conn.stop is not None:
-                    conn.stop.set()
+                conn.stop.set()
                 conn.task.cancel()
                 raise MCPError(
                     f"the MCP server {spec.name!r} ({spec.where}) did not answer within "
@@ -206,12 +200,21 @@ class MCPClient:
 
         return self._submit(start())
 
-    def call(self, server: str, tool: str, arguments: Mapping[str, Any]) -> Future:
-        """Call ``tool`` on ``server``; the future's result is ``(text, error or None, kind)``
-        and never an exception: a timeout, a dead server, a tool error and an oversized result
-        are error texts; ``kind`` is ``"ok"``, ``"tool"`` (the tool said it failed),
-        ``"timeout"``, ``"closed"`` (the server is gone), ``"too_large"`` or ``"protocol"``."""
-        return self._submit(self._call(server, tool, dict(arguments)))
+    def call(self, server: str, tool: str, arguments: str) -> Future:
+        """Call ``tool`` on ``server`` with ``arguments`` (a JSON object as a string, as the
+        model writes it); the future's result is ``(text, error or None, kind)`` and never an
+        exception: bad arguments, a closed client, a timeout, a dead server, a tool error and
+        an oversized result are error texts; ``kind`` is ``"ok"``, ``"arguments"``, ``"tool"``
+        (the tool said it failed), ``"timeout"``, ``"closed"`` (the server or client is gone),
+        ``"too_large"`` or ``"protocol"``."""
+        out: Future = Future()
+        try:
+            return self._submit(self._call(server, tool, dict(json.loads(arguments or "{}"))))
+        except ValueError as e:
+            out.set_result(("", f"the arguments are not JSON: {e}", "arguments"))
+        except MCPError as e:
+            out.set_result(("", str(e), "closed"))
+        return out
 
     async def _call(self, server: str, tool: str, arguments: dict):
         conn = self._connections.get(server)
@@ -221,28 +224,24 @@ class MCPClient:
             why = conn.gone or "not started"
             return "", f"the MCP server {server!r} is not running ({why})", "closed"
         call = asyncio.ensure_future(conn.session.call_tool(tool, arguments))
-        gone = asyncio.ensure_future(_watch(conn))
-        try:
-            done, _ = await asyncio.wait({call, gone}, timeout=self.timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
+        # the connection's task ends when its server dies: the call is not waited for then
+        done, _ = await asyncio.wait({call, conn.task}, timeout=self.timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
         if call not in done:
             call.cancel()
-            if gone in done:
+            if conn.task in done:
                 reason = conn.gone or "its connection ended"
                 return "", f"the MCP server {server!r} stopped during the call ({reason})", "closed"
             return "", f"the tool {tool!r} did not answer within {self.timeout:g} s", "timeout"
         try:
             result = call.result()
         except BaseException as e:  # noqa: BLE001
-            closed = getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED
+            closed = getattr(getattr(e, "error", None), "code", None) == ERROR_CODES["closed"]
             if closed or (conn.task is not None and conn.task.done()):
                 # the server is gone: later calls are refused at once, and its task ends
                 conn.gone = conn.gone or "its connection closed" + conn._stderr_tail()
                 conn.session = None
-                if conn.stop is not None:
-                    conn.stop.set()
+                conn.stop.set()
                 message = f"the MCP server {server!r} stopped during the call ({conn.gone})"
                 return "", message, "closed"
             return "", f"the tool {tool!r} failed: {_describe(e)}", "protocol"
@@ -264,8 +263,7 @@ class MCPClient:
 
         async def stop_all():
             for conn in self._connections.values():
-                if conn.stop is not None:
-                    conn.stop.set()
+                conn.stop.set()
             tasks = [c.task for c in self._connections.values() if c.task is not None]
             if tasks:
                 _, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -282,8 +280,8 @@ class MCPClient:
         except (FutureTimeout, RuntimeError):
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
             self._loop.close()
 
     def __enter__(self) -> "MCPClient":
@@ -291,11 +289,6 @@ class MCPClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-async def _watch(conn: _Connection) -> None:
-    """Returns when the connection's task ends (its server died or was stopped)."""
-    await asyncio.wait({conn.task})
 
 
 # --- a conversation's tools ---------------------------------------------------------------
@@ -330,15 +323,14 @@ class MCPTools:
                     )
                 tools = [t for t in tools if t.name in spec.allowed_tools]
             listed.append((spec.name, tools))
-        named = name_tools(listed, taken)
-        if len(named) + len(taken) > MAX_TOOLS:
-            offered = ", ".join(n for n, _, _ in named)
+        functions, routes = function_tools(listed, taken)
+        if len(functions) + len(taken) > MAX_TOOLS:
             raise MCPError(
-                f"the MCP servers offer {len(named)} tools ({offered}); the model takes at most "
+                f"the MCP servers offer {len(functions)} tools "
+                f"({', '.join(f['name'] for f in functions)}); the model takes at most "
                 f"{MAX_TOOLS} in all: keep some with an \"allowedTools\" list per server"
             )
-        self.functions = [function_tool(n, t) for n, _, t in named]
-        self.routes = {n: (server, t.name) for n, server, t in named}
+        self.functions, self.routes = functions, routes
         return self.functions
 
     def owns(self, name: str) -> bool:
@@ -354,37 +346,26 @@ class MCPTools:
         self.in_flight += 1
         out: Future = Future()
 
-        def finish(text, error, kind="protocol"):
-            outcome.output, outcome.error = (text, None) if error is None else (error, error)
-            outcome.kind = "ok" if error is None else kind
+        def finish(f: Future):
+            if f.cancelled() or f.exception() is not None:
+                why = _describe(f.exception() or Exception())
+                text, error, kind = "", f"the call did not run ({why})", "protocol"
+            else:
+                text, error, kind = f.result()
+            outcome.output = text if error is None else error
+            outcome.error, outcome.kind = error, kind
             outcome.seconds = time.monotonic() - t0
             self._finished.put(outcome)
             out.set_result(outcome)
 
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except ValueError as e:
-            finish("", f"the arguments are not JSON: {e}", "arguments")
-            return out
-        try:
-            inner = self.client.call(server, tool, arguments)
-        except MCPError as e:
-            finish("", str(e), "closed")
-            return out
-        inner.add_done_callback(
-            lambda f: finish(*f.result()) if not f.cancelled() and f.exception() is None
-            else finish("", f"the call did not run ({_describe(f.exception() or Exception())})")
-        )
+        self.client.call(server, tool, call.arguments).add_done_callback(finish)
         return out
 
     def take_finished(self) -> List[ToolOutcome]:
         """The outcomes that arrived since the last take (call on the session's thread)."""
         out = []
-        while True:
-            try:
-                out.append(self._finished.get_nowait())
-            except queue.Empty:
-                break
+        while not self._finished.empty():  # this thread is the queue's only reader
+            out.append(self._finished.get_nowait())
         self.in_flight -= len(out)
         return out
 

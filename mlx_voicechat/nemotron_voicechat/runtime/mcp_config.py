@@ -12,12 +12,32 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...errors import VoiceChatError
 from ...files import read_json
 
+DEFAULT_TOOL_TIMEOUT = 30.0  # seconds a call may take (--tool-timeout)
+MAX_RESULT_CHARS = 4000  # a longer result is refused: it would take minutes to inject
+MAX_RESPONSE_BYTES = 4 << 20  # an HTTP server's one SSE event, read at most (the transport's bound)
+ERROR_CODES = {"timeout": -32001, "closed": -32000}  # the MCP SDK's JSON-RPC error codes
+
 
 class MCPError(VoiceChatError):
     """An MCP config, server or SDK that cannot be used (one line, no traceback)."""
 
 
-# --- the config ---------------------------------------------------------------------------
+# --- the config (chat's file; serve's session.tools entries check theirs with the same rules) --
+
+
+def is_name(value) -> bool:
+    """A server's name or label: letters, digits, _ and - (it may prefix its tools' names)."""
+    return isinstance(value, str) and bool(value) and all(c.isalnum() or c in "_-" for c in value)
+
+
+def is_http_url(value) -> bool:
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
+
+
+def of_strings(value, kind=list) -> bool:
+    """``value`` is a ``kind`` (list, or dict: its keys too) of strings."""
+    items = [*value, *value.values()] if isinstance(value, dict) else value
+    return isinstance(value, kind) and all(isinstance(v, str) for v in items)
 
 
 def shown_url(url: str) -> str:
@@ -55,15 +75,9 @@ class ServerSpec:
 
 
 def _strings(value, what: str, kind=list) -> Any:
-    if kind is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise MCPError(f"{what} must be a list of strings")
-        return tuple(value)
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise MCPError(f"{what} must be an object of strings")
-    return dict(value)
+    if not of_strings(value, kind):
+        raise MCPError(f"{what} must be {'a list' if kind is list else 'an object'} of strings")
+    return dict(value) if kind is dict else tuple(value)
 
 
 def parse_config(data: Any, source: str = "the MCP config") -> List[ServerSpec]:
@@ -73,7 +87,7 @@ def parse_config(data: Any, source: str = "the MCP config") -> List[ServerSpec]:
     specs = []
     for name, entry in data["mcpServers"].items():
         where = f"{source}: server {name!r}"
-        if not name or not all(c.isalnum() or c in "_-" for c in name):
+        if not is_name(name):
             raise MCPError(f"{where}: a server name may hold only letters, digits, _ and -")
         if not isinstance(entry, dict):
             raise MCPError(f"{where} must be an object")
@@ -96,7 +110,7 @@ def parse_config(data: Any, source: str = "the MCP config") -> List[ServerSpec]:
             )
         else:
             url = entry["url"]
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            if not is_http_url(url):
                 raise MCPError(f"{where}: url must be an http:// or https:// URL")
             headers = _strings(entry.get("headers", {}), f"{where}: headers", dict)
             specs.append(ServerSpec(name, url=url, headers=headers, allowed_tools=allowed))
@@ -159,24 +173,22 @@ def result_text(result) -> str:
 # --- tools as function tools -------------------------------------------------------------
 
 
-def function_tool(name: str, tool) -> Dict[str, Any]:
-    """An MCP ``Tool`` as an OpenAI function tool named ``name``."""
-    out = {"type": "function", "name": name}
-    if tool.description:
-        out["description"] = tool.description
-    out["parameters"] = dict(tool.input_schema or {"type": "object", "properties": {}})
-    return out
-
-
-def name_tools(listed: Sequence[Tuple[str, Sequence[Any]]], taken: Sequence[str] = ()):
-    """``[(function name, server, tool)]`` for the tools of each ``(server, tools)``: a tool's
-    own name, or ``server_tool`` where another server (or ``taken``) has the same name."""
+def function_tools(listed: Sequence[Tuple[str, Sequence[Any]]], taken: Sequence[str] = ()):
+    """The tools of each ``(server, tools)`` as OpenAI function tools, and the routes
+    ``{function name: (server, tool name)}``. A function is named by its tool, or
+    ``server_tool`` where another server (or ``taken``) has the same name."""
     count: Dict[str, int] = {n: 1 for n in taken}
     for _, tools in listed:
         for t in tools:
             count[t.name] = count.get(t.name, 0) + 1
-    return [
-        (t.name if count[t.name] == 1 else f"{server}_{t.name}", server, t)
-        for server, tools in listed
-        for t in tools
-    ]
+    functions, routes = [], {}
+    for server, tools in listed:
+        for t in tools:
+            name = t.name if count[t.name] == 1 else f"{server}_{t.name}"
+            routes[name] = (server, t.name)
+            out = {"type": "function", "name": name}
+            if t.description:
+                out["description"] = t.description
+            out["parameters"] = dict(t.input_schema or {"type": "object", "properties": {}})
+            functions.append(out)
+    return functions, routes
