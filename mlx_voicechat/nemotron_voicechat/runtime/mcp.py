@@ -347,8 +347,8 @@ class MCPTools:
         out: Future = Future()
 
         def finish(f: Future):
-            if f.cancelled() or f.exception() is not None:
-                why = _describe(f.exception() or Exception())
+            if f.cancelled() or f.exception() is not None:  # (the client closed under it)
+                why = "cancelled" if f.cancelled() else _describe(f.exception())
                 text, error, kind = "", f"the call did not run ({why})", "protocol"
             else:
                 text, error, kind = f.result()

@@ -77,6 +77,21 @@ def test_an_exception_group_is_described_by_its_first_leaf():
         assert _describe(group) == "ConnectionError: refused"
 
 
+def test_a_call_cancelled_under_it_is_still_an_outcome():
+    """A call whose future the closing client cancels still gives the model an outcome (the
+    callback raised CancelledError, so the outcome never came and in_flight stayed up)."""
+    from concurrent.futures import Future
+
+    with MCPTools([]) as tools:
+        tools.routes = {"f": ("s", "t")}
+        cancelled = Future()
+        cancelled.cancel()
+        tools.client.call = lambda *a: cancelled
+        outcome = _run(tools, "f")
+        assert (outcome.kind, outcome.error) == ("protocol", "the call did not run (cancelled)")
+        assert tools.take_finished() == [outcome] and tools.in_flight == 0
+
+
 def _start(specs, **kw):
     tools = MCPTools(specs, **kw)
     try:
