@@ -1,8 +1,8 @@
 """What bounds a server process below the protocol: open connections, the time a client has to
 send its request headers (:class:`ConnectionGuard`; uvicorn bounds neither), the open-file
-limit, and logs that neither flood nor carry a secret. At the connection bound the oldest
-connection still sending headers (else the oldest plain HTTP one) makes room; WebSockets never
-do (the sessions bound them).
+limit, logs that neither flood nor carry a secret, and a Ray deployment's replica counts. At
+the connection bound the oldest connection still sending headers (else the oldest plain HTTP
+one) makes room; WebSockets never do (the sessions bound them).
 """
 
 from __future__ import annotations
@@ -285,3 +285,29 @@ def uvicorn_options(limits: Limits) -> dict:
         "http": ConnectionGuard(limits).protocol,
         "timeout_keep_alive": limits.keep_alive_timeout,
     }
+
+
+def replica_counts(replicas=None, min_replicas=None, max_replicas=None, spell=str) -> dict:
+    """A Ray deployment's replicas: ``{"num_replicas": n}`` (default 1), or autoscaling
+    ``{"min_replicas": low, "max_replicas": high}``; a ValueError names them by ``spell`` (the
+    CLI's flags, the library's arguments). Here, not in :mod:`.ray_app`, so that
+    ``serve --ray`` checks its flags before it imports Ray."""
+    autoscale = min_replicas is not None or max_replicas is not None
+    if autoscale and replicas is not None:
+        raise ValueError(
+            f"give {spell('replicas')}, or {spell('min_replicas')} / {spell('max_replicas')}, "
+            "not both"
+        )
+    if not autoscale:
+        replicas = 1 if replicas is None else int(replicas)
+        if replicas < 1:
+            raise ValueError(f"{spell('replicas')} must be at least 1, got {replicas}")
+        return {"num_replicas": replicas}
+    low = 1 if min_replicas is None else int(min_replicas)
+    high = max(low, 1) if max_replicas is None else int(max_replicas)
+    if low < 0 or high < max(low, 1):
+        raise ValueError(
+            f"need 0 <= {spell('min_replicas')} <= {spell('max_replicas')} (>= 1), "
+            f"got {low}, {high}"
+        )
+    return {"min_replicas": low, "max_replicas": high}

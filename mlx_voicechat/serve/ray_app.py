@@ -20,6 +20,7 @@ import ray
 from ray import serve
 from ray.serve.config import DeploymentActorConfig, RequestRouterConfig
 
+from .limits import replica_counts
 from .ray_proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from .settings import ServerSettings, model_id_of
 
@@ -234,9 +235,7 @@ def deployment_options(
     :data:`AUTOSCALE_HEADROOM`); ``ray_actor_options`` per replica (default one CPU)."""
     if max_sessions < 1:
         raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
-    autoscale = min_replicas is not None or max_replicas is not None
-    if autoscale and replicas is not None:
-        raise ValueError("give replicas, or min_replicas / max_replicas, not both")
+    counts = replica_counts(replicas, min_replicas, max_replicas)
     options = {
         "max_ongoing_requests": max_sessions + CONTROL_SLOTS,
         "ray_actor_options": {"num_cpus": 1, **(ray_actor_options or {})},
@@ -253,19 +252,10 @@ def deployment_options(
             )
         ],
     }
-    if not autoscale:
-        replicas = 1 if replicas is None else int(replicas)
-        if replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {replicas}")
-        options["num_replicas"] = replicas
-        return options
-    low = 1 if min_replicas is None else int(min_replicas)
-    high = max(low, 1) if max_replicas is None else int(max_replicas)
-    if low < 0 or high < max(low, 1):
-        raise ValueError(f"need 0 <= min_replicas <= max_replicas, >= 1; got {low}, {high}")
+    if "num_replicas" in counts:
+        return {**options, **counts}
     options["autoscaling_config"] = {
-        "min_replicas": low,
-        "max_replicas": high,
+        **counts,
         "target_ongoing_requests": max_sessions * AUTOSCALE_HEADROOM,
         "metrics_interval_s": 2.0,
         "look_back_period_s": 10.0,
