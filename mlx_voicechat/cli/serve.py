@@ -13,7 +13,16 @@ KEY_ENV = "MLX_VOICECHAT_API_KEY"
 
 
 class ServeError(VoiceChatError):
-    """The server cannot start as asked."""
+    """The server cannot start as asked (``--ray``'s deployment included)."""
+
+
+def flag(attr: str) -> str:
+    """The flag of an ``args`` attribute: ``max_sessions`` -> ``--max-sessions``."""
+    return "--" + attr.replace("_", "-")
+
+
+def say(text: str) -> None:
+    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
 
 
 def add_parser(subparsers):
@@ -155,6 +164,13 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def urls(args, tls: bool = False) -> str:
+    """Where the server answers: its Realtime WebSocket and its web page."""
+    ws, http = ("wss", "https") if tls else ("ws", "http")
+    where = f"{args.host}:{args.port}"
+    return f"{ws}://{where}/v1/realtime (web page {http}://{where}/)"
+
+
 def check_tls(certfile, keyfile) -> bool:
     """Whether TLS is asked for; a certificate and key that do not load are a one-line
     error here, before the model loads (uvicorn would print a traceback after it)."""
@@ -208,8 +224,7 @@ def run(args) -> int:
         ("tool_timeout", args.tool_timeout > 0, "> 0 seconds"),
     ):
         if not ok:
-            flag = "--" + attr.replace("_", "-")
-            raise ServeError(f"{flag} must be {rule}, got {getattr(args, attr)}")
+            raise ServeError(f"{flag(attr)} must be {rule}, got {getattr(args, attr)}")
     for prefix in args.mcp_allow:
         if not prefix.startswith(("http://", "https://")) or "://" == prefix[-3:]:
             raise ServeError(f"--mcp-allow takes an http:// or https:// URL prefix, not {prefix!r}")
@@ -227,10 +242,9 @@ def run(args) -> int:
     serve_ray.check(args)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV) or None
     if not _loopback(args.host) and key is None:
-        print(
-            f"mlx-voicechat serve: warning: listening on {args.host} without an API key: anyone "
-            f"who reaches this address can use the model (set --api-key or ${KEY_ENV})",
-            file=sys.stderr,
+        say(
+            f"warning: listening on {args.host} without an API key: anyone who reaches this "
+            f"address can use the model (set --api-key or ${KEY_ENV})"
         )
 
     from ..serve.limits import import_mlx_lm_keeping_limits, raise_open_file_limit, uvicorn_options
@@ -261,17 +275,11 @@ def run(args) -> int:
     open_files = raise_open_file_limit(saved_limits, limits.files_needed)
     fitted = limits.fitted(open_files)
     if fitted.max_connections < limits.max_connections:
-        print(
-            f"mlx-voicechat serve: warning: the process may open {open_files} files (ulimit -n), "
-            f"enough for {fitted.max_connections} connections: --max-connections lowered to that",
-            file=sys.stderr,
+        say(
+            f"warning: the process may open {open_files} files (ulimit -n), enough for "
+            f"{fitted.max_connections} connections: --max-connections lowered to that"
         )
-    ws, http = ("wss", "https") if tls else ("ws", "http")
-    print(
-        f"mlx-voicechat serve: {ws}://{args.host}:{args.port}/v1/realtime "
-        f"(web page {http}://{args.host}:{args.port}/)",
-        file=sys.stderr,
-    )
+    say(urls(args, tls))
     return _serve_app(
         app,
         args.shutdown_timeout,
@@ -315,10 +323,9 @@ def _exit(server, worker) -> int:
     if not stopped:
         # The worker is still inside one MLX call: no finalizing interpreter may meet it.
         name = signal.Signals(sig).name if sig else "stopped"
-        print(
-            f"mlx-voicechat serve: {'terminated' if sig else 'stopped'} ({name}); the work in "
-            "flight was dropped at --shutdown-timeout",
-            file=sys.stderr,
+        say(
+            f"{'terminated' if sig else 'stopped'} ({name}); the work in flight was dropped at "
+            "--shutdown-timeout"
         )
         sys.stdout.flush()
         sys.stderr.flush()

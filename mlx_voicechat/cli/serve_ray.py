@@ -16,12 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ..errors import VoiceChatError
-
-
-class RayDeployError(VoiceChatError):
-    """The Ray deployment cannot start as asked (one line, as ``serve``'s own errors)."""
-
+from .serve import ServeError, flag, say, urls
 
 RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
 # Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
@@ -54,19 +49,14 @@ def check(args) -> None:
     if not args.ray:
         for attr in ("replicas", "min_replicas", "max_replicas", "ray_address"):
             if getattr(args, attr) is not None:
-                raise RayDeployError(f"--{attr.replace('_', '-')} needs --ray")
+                raise ServeError(f"{flag(attr)} needs --ray")
         return
-    autoscale = args.min_replicas is not None or args.max_replicas is not None
-    if args.replicas is not None and autoscale:
-        raise RayDeployError("give --replicas, or --min-replicas / --max-replicas, not both")
-    if args.replicas is not None and args.replicas < 1:
-        raise RayDeployError(f"--replicas must be at least 1, got {args.replicas}")
-    low = 1 if args.min_replicas is None else args.min_replicas
-    high = max(low, 1) if args.max_replicas is None else args.max_replicas
-    if autoscale and (low < 0 or high < max(low, 1)):
-        raise RayDeployError(
-            f"need 0 <= --min-replicas <= --max-replicas (>= 1), got {low}, {high}"
-        )
+    from ..serve.limits import replica_counts
+
+    try:
+        replica_counts(args.replicas, args.min_replicas, args.max_replicas, spell=flag)
+    except ValueError as e:
+        raise ServeError(str(e)) from None
 
 
 def _health(host: str, port: int):
@@ -87,23 +77,19 @@ def _wait_ready(args) -> dict:
             status, body = _health(args.host, args.port)
         except (OSError, ValueError) as e:
             if time.monotonic() > deadline:
-                raise RayDeployError(
+                raise ServeError(
                     f"nothing answers at {args.host}:{args.port} ({e}); where Serve already ran "
                     "on this cluster, its proxies keep their own host and port"
                 ) from None
             time.sleep(0.5)
             continue
         if status == 503 and body.get("error"):
-            raise RayDeployError(f"no replica is ready: {body['error']}")
+            raise ServeError(f"no replica is ready: {body['error']}")
         if status == 200:
             return body
         if time.monotonic() > deadline:
-            raise RayDeployError(f"/health answers {status}: {body}")
+            raise ServeError(f"/health answers {status}: {body}")
         time.sleep(0.5)
-
-
-def say(text: str) -> None:
-    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
 
 
 def run(args, settings) -> int:
@@ -113,7 +99,7 @@ def run(args, settings) -> int:
         import ray
         from ray import serve
     except ImportError as e:
-        raise RayDeployError(f"--ray needs Ray Serve ({e.name} is missing): {RAY_EXTRA}") from None
+        raise ServeError(f"--ray needs Ray Serve ({e.name} is missing): {RAY_EXTRA}") from None
     from ..serve.ray_app import APP_NAME, realtime_app, start_serve
 
     local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
@@ -133,7 +119,7 @@ def run(args, settings) -> int:
                     "RAY_AUTH_MODE=token, and the cluster's token in ~/.ray/auth_token or "
                     "RAY_AUTH_TOKEN"
                 )
-            raise RayDeployError(f"cannot start or join a Ray cluster {where}: {why}") from None
+            raise ServeError(f"cannot start or join a Ray cluster {where}: {why}") from None
         _take_back_signals()
         if local:
             address = ray.get_runtime_context().gcs_address
@@ -143,11 +129,11 @@ def run(args, settings) -> int:
         if need > cpus:
             message = f"{need} replica(s) need {need} CPU(s); the Ray cluster has {cpus:g}"
             if local:
-                raise RayDeployError(message + " (join a larger one with --ray-address)")
+                raise ServeError(message + " (join a larger one with --ray-address)")
             say(f"warning: {message}: the rest wait for the cluster to grow")
         started_serve = start_serve(args.host, args.port, SERVE_LOG_LEVELS[args.log_level])
         if APP_NAME in serve.status().applications:
-            raise RayDeployError(f"an application named {APP_NAME!r} already runs on this cluster")
+            raise ServeError(f"an application named {APP_NAME!r} already runs on this cluster")
         app = realtime_app(
             args.model,
             settings,
@@ -163,9 +149,8 @@ def run(args, settings) -> int:
             if row.get("error"):
                 say(f"warning: replica {row['replica']} on {row['node']}: {row['error']}")
         say(
-            f"ws://{args.host}:{args.port}/v1/realtime (web page http://{args.host}:{args.port}/), "
-            f"{deployment.get('replicas_ready', '?')} replica(s) x {args.max_sessions} "
-            "session(s) on Ray; Ctrl-C stops"
+            f"{urls(args)}, {deployment.get('replicas_ready', '?')} replica(s) x "
+            f"{args.max_sessions} session(s) on Ray; Ctrl-C stops"
         )
         while True:
             time.sleep(3600)
