@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
+from . import _raise_terminated
 from .serve import ServeError, flag, say, urls
 
 RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
@@ -120,7 +123,9 @@ def run(args, settings) -> int:
                     "RAY_AUTH_TOKEN"
                 )
             raise ServeError(f"cannot start or join a Ray cluster {where}: {why}") from None
-        _take_back_signals()
+        # Ray's core installs its own SIGTERM handler in a driver (a stack dump, then death):
+        # put back the one that unwinds like Ctrl-C, so SIGTERM deletes the deployment too.
+        _set_signals({"SIGTERM": _raise_terminated, "SIGINT": signal.default_int_handler})
         if local:
             address = ray.get_runtime_context().gcs_address
             say(f"started a local Ray cluster at {address} (it stops with this command)")
@@ -159,25 +164,14 @@ def run(args, settings) -> int:
             _stop(serve, ray, local=local, started_serve=started_serve, deployed=deployed)
 
 
-def _take_back_signals() -> None:
-    """Ray's core installs its own SIGTERM handler in a driver (a stack dump, then death):
-    put back the one that unwinds like Ctrl-C, so SIGTERM deletes the deployment too."""
-    import signal
-    import threading
-
-    from . import _raise_terminated
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> None:
     """Delete this deployment; stop Serve if this started it and nothing else runs on it, and
     the cluster if this started it."""
     from ..serve.ray_app import APP_NAME, stop_sessions
 
-    _hold_signals()  # a second Ctrl-C must not cut the stop short (and leave the cluster up)
+    # From here on SIGINT, SIGTERM and SIGHUP are noted and ignored (the stop is bounded): a
+    # second Ctrl-C must not cut the stop short (and leave the cluster up).
+    _set_signals(dict.fromkeys(("SIGINT", "SIGTERM", "SIGHUP"), lambda *_: None))
     started = _descendants() if local else {}
     try:
         if deployed:
@@ -197,15 +191,12 @@ def _stop(serve, ray, *, local: bool, started_serve: bool, deployed: bool) -> No
         say("stopped")
 
 
-def _hold_signals() -> None:
-    """From here on SIGINT, SIGTERM and SIGHUP are noted and ignored (the stop is bounded)."""
-    import signal
-    import threading
-
+def _set_signals(handlers: dict) -> None:
+    """Signal name -> handler, where this is the main thread and the system has the signal."""
     if threading.current_thread() is threading.main_thread():
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        for name, handler in handlers.items():
             if hasattr(signal, name):
-                signal.signal(getattr(signal, name), lambda *_: None)
+                signal.signal(getattr(signal, name), handler)
 
 
 def _adopt_orphans() -> None:
