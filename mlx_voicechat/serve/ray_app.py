@@ -70,18 +70,13 @@ def _one_line(e: BaseException) -> str:
     return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
 
 
-def _load(model: str, tokenizer: Optional[str]):
-    from .. import load
-
-    return load(model, tokenizer=tokenizer)
-
-
 @serve.deployment(name="VoiceChatReplica")
 @serve.ingress()
 class VoiceChatReplica:
     """One replica: one model and the Realtime app of ``serve`` around it."""
 
     async def __init__(self, model: str, settings: ServerSettings, tokenizer: Optional[str] = None):
+        from .. import load
         from .worker import Worker
 
         self.name = serve.get_replica_context().replica_id.unique_id
@@ -94,7 +89,8 @@ class VoiceChatReplica:
         self.server = None
         self.error: Optional[str] = None
         try:
-            self.model = await Worker.shared().run(_load, model, tokenizer)  # MLX on its thread
+            # MLX on the worker's thread
+            self.model = await Worker.shared().run(lambda: load(model, tokenizer=tokenizer))
         except Exception as e:  # reported in /health; the replica takes no sessions
             self.model, self.error = None, f"the model failed to load: {_one_line(e)}"
         self._board = None  # the SessionBoard, found by _report_forever
