@@ -292,22 +292,16 @@ def replica_counts(replicas=None, min_replicas=None, max_replicas=None, spell=st
     ``{"min_replicas": low, "max_replicas": high}``; a ValueError names them by ``spell`` (the
     CLI's flags, the library's arguments). Here, not in :mod:`.ray_app`, so that
     ``serve --ray`` checks its flags before it imports Ray."""
-    autoscale = min_replicas is not None or max_replicas is not None
-    if autoscale and replicas is not None:
-        raise ValueError(
-            f"give {spell('replicas')}, or {spell('min_replicas')} / {spell('max_replicas')}, "
-            "not both"
-        )
-    if not autoscale:
+    n, low, high = spell("replicas"), spell("min_replicas"), spell("max_replicas")
+    if min_replicas is None and max_replicas is None:
         replicas = 1 if replicas is None else int(replicas)
         if replicas < 1:
-            raise ValueError(f"{spell('replicas')} must be at least 1, got {replicas}")
+            raise ValueError(f"{n} must be at least 1, got {replicas}")
         return {"num_replicas": replicas}
-    low = 1 if min_replicas is None else int(min_replicas)
-    high = max(low, 1) if max_replicas is None else int(max_replicas)
-    if low < 0 or high < max(low, 1):
-        raise ValueError(
-            f"need 0 <= {spell('min_replicas')} <= {spell('max_replicas')} (>= 1), "
-            f"got {low}, {high}"
-        )
-    return {"min_replicas": low, "max_replicas": high}
+    if replicas is not None:
+        raise ValueError(f"give {n}, or {low} / {high}, not both")
+    lo = 1 if min_replicas is None else int(min_replicas)
+    hi = max(lo, 1) if max_replicas is None else int(max_replicas)
+    if lo < 0 or hi < max(lo, 1):
+        raise ValueError(f"need 0 <= {low} <= {high} (>= 1), got {lo}, {hi}")
+    return {"min_replicas": lo, "max_replicas": hi}
