@@ -11,11 +11,12 @@ import hmac
 import secrets as _random
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import is_int
 
 PREFIX = "ek_"  # what OpenAI's ephemeral keys start with; a bearer token so named is a secret
+KEY_PROTOCOL = "openai-insecure-api-key."  # a WebSocket subprotocol carrying a key
 DEFAULT_TTL = 600  # seconds, OpenAI's default (expires_after.seconds)
 MIN_TTL, MAX_TTL = 10, 7200  # seconds, the bounds OpenAI accepts
 MAX_LIVE = 10000  # minted secrets kept at once; past it, minting is refused until some expire
@@ -85,17 +86,17 @@ class ClientSecrets:
                 self._live[value] = (expires_at, session, False)
 
 
-def bearer_secret(headers, subprotocols=()) -> Optional[str]:
-    """The client secret a request presents (``Authorization: Bearer ek_...`` or the
-    WebSocket subprotocol ``openai-insecure-api-key.ek_...``), or None."""
+def credentials(headers, subprotocols=()) -> List[str]:
+    """The keys a request presents: ``Authorization: Bearer ...``, then the WebSocket
+    subprotocols ``openai-insecure-api-key....`` (a browser's WebSocket sets no header)."""
     auth = headers.get("authorization", "")
-    if auth[:7].lower() == "bearer " and auth[7:].strip().startswith(PREFIX):
-        return auth[7:].strip()
-    key_protocol = "openai-insecure-api-key."
-    for p in subprotocols:
-        if p.startswith(key_protocol + PREFIX):
-            return p[len(key_protocol) :]
-    return None
+    found = [auth[7:].strip()] if auth[:7].lower() == "bearer " else []
+    return found + [p[len(KEY_PROTOCOL) :] for p in subprotocols if p.startswith(KEY_PROTOCOL)]
+
+
+def bearer_secret(headers, subprotocols=()) -> Optional[str]:
+    """The client secret a request presents (``ek_...``, as a key), or None."""
+    return next((c for c in credentials(headers, subprotocols) if c.startswith(PREFIX)), None)
 
 
 def refusal(message: str, code: str = "invalid_api_key", type_="invalid_request_error") -> dict:

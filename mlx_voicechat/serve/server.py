@@ -7,18 +7,18 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from typing import List, Optional, Set
+from typing import Optional, Set
 
 from ..nemotron_voicechat.runtime.request import prompt_ids, resolve_system_prompt
 from ..nemotron_voicechat.runtime.tools import render_system_prompt
 from .mcp_tools import McpPolicy
 from .metrics import Metrics
+from .secrets import credentials
 from .settings import ServerSettings
 from .stepper import Stepper
 from .wire import FRAME_SECONDS, SAMPLES_PER_FRAME
 from .worker import Worker
 
-KEY_PROTOCOL = "openai-insecure-api-key."
 CLOSE_RESTART = 1012  # "service restart": the server shuts down, the client may reconnect
 SHUTDOWN_CODE = "server_shutting_down"  # the error event every live conversation gets then
 
@@ -110,17 +110,11 @@ class Server:
 
     # -- admission --
 
-    def authorized(self, headers, subprotocols: List[str]) -> bool:
+    def authorized(self, headers, subprotocols=()) -> bool:
         if self.api_key is None:
             return True
         key = self.api_key.encode()
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), key):
-            return True
-        return any(
-            p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL) :].encode(), key)
-            for p in subprotocols
-        )
+        return any(hmac.compare_digest(c.encode(), key) for c in credentials(headers, subprotocols))
 
     def origin_allowed(self, headers, local: Optional[tuple]) -> bool:
         """A browser's ``Origin`` is the server's own (the address the connection arrived at,
