@@ -4,7 +4,6 @@ benchmarks), :func:`graceful_server` makes the uvicorn server ``serve`` runs. So
 the asyncio loop, every MLX call on the one worker thread (:mod:`.worker`).
 """
 
-import asyncio
 import contextlib
 import json
 import signal
@@ -13,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
-from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .limits import Limits, uvicorn_options
 from .protocol import Realtime
-from .secrets import PresetSocket, SecretRefused, bearer_secret, refusal
-from .server import CLOSE_RESTART, SHUTDOWN_CODE, Server
+from .secrets import PresetSocket, refusal
+from .server import Server
 from .settings import ServerSettings
 from .transcription_connection import serve_connection, warm_up
 from .webrtc import ICE_TIMEOUT, close_calls
@@ -98,16 +96,7 @@ def create_app(
         return body
 
     def unauthorized():
-        return JSONResponse(
-            {
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "invalid_api_key",
-                    "message": "missing or wrong API key",
-                }
-            },
-            status_code=401,
-        )
+        return JSONResponse(refusal("missing or wrong API key"), status_code=401)
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request):
@@ -170,66 +159,32 @@ def create_app(
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket):
         subprotocols = list(websocket.scope.get("subprotocols") or [])
-        if not server.origin_allowed(websocket.headers, websocket.scope.get("server")):
-            server.metrics.refused("origin")
-            await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
-            return
-        secret = bearer_secret(websocket.headers, subprotocols)  # a client secret, ek_...
-        if secret is None and not server.authorized(websocket.headers, subprotocols):
-            server.metrics.refused("unauthorized")
-            await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
+        local = websocket.scope.get("server")
+        refused, secret = server.caller(websocket.headers, local, subprotocols)
+        if refused is not None:
+            await websocket.close(code=refused.close, reason=refused.message)
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
-        if server.shutting_down:
-            server.metrics.refused("shutting_down")
-            await _refuse(
-                websocket,
-                server,
-                SHUTDOWN_CODE,
-                "the server is shutting down; try again later",
-                CLOSE_RESTART,
-                "server shutting down",
-            )
-            return
         # A client's close completes before the server has seen its connection end: one that
         # reconnects at once waits that long for the slot it just gave up, no longer.
-        deadline = time.monotonic() + ADMISSION_GRACE_SECONDS
-        while server.active >= server.max_sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if server.active >= server.max_sessions:
-            server.metrics.refused("server_busy")
-            await _refuse(
-                websocket,
-                server,
-                "server_busy",
-                f"all {server.max_sessions} session(s) of this server are in use; try again later",
-                CLOSE_TRY_AGAIN,
-                "server busy",
+        refused, preset = await server.seat(
+            secret, app.state.client_secrets, ADMISSION_GRACE_SECONDS
+        )
+        if refused is not None:  # an error event, then the close
+            event = Realtime(server.model_id).error(
+                refused.code, refused.message, type_=refused.type
             )
+            server.metrics.error_sent(refused.code)
+            with contextlib.suppress(Exception):
+                await websocket.send_text(json.dumps(event))
+                await websocket.close(refused.close, (refused.reason or refused.message)[:120])
             return
-        if secret is not None:  # used up only by a connection that gets a slot
-            try:
-                websocket = PresetSocket(websocket, app.state.client_secrets.redeem(secret))
-            except SecretRefused as e:
-                with contextlib.suppress(Exception):
-                    body = refusal(str(e))["error"]
-                    await websocket.send_text(json.dumps({"type": "error", "error": body}))
-                    await websocket.close(code=CLOSE_POLICY, reason=str(e)[:120])
-                return
-        server.active += 1
+        if preset is not None:
+            websocket = PresetSocket(websocket, preset)
         server.metrics.opened()
         await serve_connection(server, websocket)  # duplex, or a transcription session
 
     return app
-
-
-async def _refuse(websocket, server, code: str, message: str, close: int, reason: str) -> None:
-    """An ``error`` event, then the close: the answer to a connection that gets no session."""
-    event = Realtime(server.model_id).error(code, message, type_="server_error")
-    server.metrics.error_sent(code)
-    with contextlib.suppress(Exception):
-        await websocket.send_text(json.dumps(event))
-        await websocket.close(code=close, reason=reason)
 
 
 class _PageHeaders:

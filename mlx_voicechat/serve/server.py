@@ -7,13 +7,14 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from typing import Optional, Set
+from typing import NamedTuple, Optional, Set, Tuple
 
 from ..nemotron_voicechat.runtime.request import prompt_ids, resolve_system_prompt
 from ..nemotron_voicechat.runtime.tools import render_system_prompt
+from .channel import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .mcp_tools import McpPolicy
 from .metrics import Metrics
-from .secrets import credentials
+from .secrets import SecretRefused, bearer_secret, credentials, refusal
 from .settings import ServerSettings
 from .stepper import Stepper
 from .wire import FRAME_SECONDS, SAMPLES_PER_FRAME
@@ -21,6 +22,21 @@ from .worker import Worker
 
 CLOSE_RESTART = 1012  # "service restart": the server shuts down, the client may reconnect
 SHUTDOWN_CODE = "server_shutting_down"  # the error event every live conversation gets then
+
+
+class Refusal(NamedTuple):
+    """Why a connection gets no session, for either transport: an HTTP status and OpenAI's
+    error body (a WebRTC call), or an error event and a close (a WebSocket)."""
+
+    status: int
+    code: str
+    message: str
+    type: str = "invalid_request_error"
+    close: int = CLOSE_POLICY
+    reason: Optional[str] = None  # the WebSocket's close reason (None: the message)
+
+    def body(self) -> dict:
+        return refusal(self.message, self.code, self.type)
 
 
 class Server:
@@ -109,6 +125,50 @@ class Server:
         self.stepper.warm_up(lambda: self._open(None), SAMPLES_PER_FRAME, frames)
 
     # -- admission --
+
+    def caller(self, headers, local, subprotocols=()) -> Tuple[Optional[Refusal], Optional[str]]:
+        """Judge a connection's origin and credentials: (why it is refused, None), or (None,
+        the client secret it presents; None for the API key or none needed)."""
+        if not self.origin_allowed(headers, local):
+            self.metrics.refused("origin")
+            return Refusal(403, "origin_not_allowed", "origin not allowed"), None
+        secret = bearer_secret(headers, subprotocols)  # a client secret, ek_...
+        if secret is None and not self.authorized(headers, subprotocols):
+            self.metrics.refused("unauthorized")
+            return Refusal(401, "invalid_api_key", "missing or wrong API key"), None
+        return None, secret
+
+    async def seat(
+        self, secret: Optional[str], secrets, grace: float = 0.0, secret_first: bool = False
+    ) -> Tuple[Optional[Refusal], Optional[dict]]:
+        """Take a session slot (waiting at most ``grace`` seconds for one) and use up the client
+        secret, if one, once there is a slot (``secret_first``: before the slot is judged, as
+        for a WebRTC offer): (why not, None), or (None, the secret's session config)."""
+        if self.shutting_down:
+            self.metrics.refused("shutting_down")
+            message = "the server is shutting down; try again later"
+            return Refusal(
+                503, SHUTDOWN_CODE, message, "server_error", CLOSE_RESTART, "server shutting down"
+            ), None
+        try:
+            preset = secrets.redeem(secret) if secret is not None and secret_first else None
+            deadline = time.monotonic() + grace
+            while self.active >= self.max_sessions and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if self.active >= self.max_sessions:
+                self.metrics.refused("server_busy")
+                message = (
+                    f"all {self.max_sessions} session(s) of this server are in use; try again later"
+                )
+                return Refusal(
+                    503, "server_busy", message, "server_error", CLOSE_TRY_AGAIN, "server busy"
+                ), None
+            if secret is not None and not secret_first:
+                preset = secrets.redeem(secret)
+        except SecretRefused as e:
+            return Refusal(401, "invalid_api_key", str(e)), None
+        self.active += 1
+        return None, preset
 
     def authorized(self, headers, subprotocols=()) -> bool:
         if self.api_key is None:

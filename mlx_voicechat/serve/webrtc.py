@@ -159,12 +159,9 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
                 "WebSocket /v1/realtime"
             )
             return server_refused(501, message, "webrtc_unavailable")
-        if not server.origin_allowed(request.headers, request.scope.get("server")):
-            return refused(403, refusal("origin not allowed", "origin_not_allowed"))
-        preset = None
-        secret = bearer_secret(request.headers)
-        if secret is None and not server.authorized(request.headers, []):
-            return refused(401, refusal("missing or wrong API key"))
+        no, secret = server.caller(request.headers, request.scope.get("server"))
+        if no is not None:
+            return refused(no.status, no.body())
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         session = None
         if kind in SDP_TYPES:
@@ -210,44 +207,27 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         bad = check_session(server, session)
         if bad is not None:
             return refused(400, bad)
-        if server.shutting_down:
-            server.metrics.refused("shutting_down")
-            message = "the server is shutting down; try again later"
-            return server_refused(503, message, "server_shutting_down")
-        if secret is not None:  # checked last: a request refused above does not use it up
-            try:
-                preset = store.redeem(secret)
-            except SecretRefused as e:
-                return refused(401, refusal(str(e)))
-        config = dict(preset or {})
-        config.update(session or {})
-        if server.active >= server.max_sessions:
-            server.metrics.refused("server_busy")
-            busy = f"all {server.max_sessions} session(s) of this server are in use"
-            return server_refused(503, f"{busy}; try again later", "server_busy")
-        import secrets as random
-
-        call_id = "rtc_" + random.token_hex(12)
-        server.active += 1
-        call = Call(server, calls, call_id, config, request.query_params)
-        call.secret, call.secrets = secret, store
-        calls[call_id] = call
+        # last: a request refused above does not use its secret up (a busy server's does)
+        no, preset = await server.seat(secret, store, secret_first=True)
+        if no is not None:
+            return refused(no.status, no.body())
+        config = {**(preset or {}), **(session or {})}
+        call = Call(server, calls, config, request.query_params, secret, store)
         try:
             answer = await call.answer(sdp)
         except Exception as e:
-            server.active -= 1
             await call.close()
             message = f"{e}".splitlines()[0] if str(e) else type(e).__name__
             return bad_sdp(f"the SDP offer was refused: {message}")
         server.metrics.opened()
         wants_channel = "\nm=application " in sdp.replace("\r\n", "\n")
         call.task = asyncio.create_task(call.run(wants_channel, ice_timeout))
-        log.info("WebRTC call %s answered", call_id)
+        log.info("WebRTC call %s answered", call.id)
         return Response(
             answer,
             status_code=201,
             media_type="application/sdp",
-            headers={"location": f"/v1/realtime/calls/{call_id}"},
+            headers={"location": f"/v1/realtime/calls/{call.id}"},
         )
 
     async def end_call(call_id: str, request):

@@ -8,7 +8,7 @@ arriving after the clock already filled its place is dropped. aiortc is imported
 import asyncio
 import contextlib
 import fractions
-import json
+import secrets
 import time
 from collections import deque
 from typing import Optional
@@ -17,6 +17,7 @@ import numpy as np
 
 from .channel import log
 from .connection import Conversation
+from .secrets import PresetSocket
 from .wire import MODEL_INPUT_RATE, Append, Cancel, Resampler
 
 WIRE_RATE = 48000  # Hz, Opus's clock on the wire
@@ -308,12 +309,13 @@ class RtcConversation(Conversation):
 class Call:
     """One WebRTC call: the peer connection, its tracks and the conversation."""
 
-    def __init__(self, server, calls: dict, call_id: str, session: dict, query_params):
+    def __init__(self, server, calls: dict, session: dict, query_params, secret=None, store=None):
+        """A call in ``calls`` (until it closes), holding a session slot the caller took."""
         from aiortc import RTCConfiguration, RTCPeerConnection
 
         self.server = server
         self.calls = calls
-        self.id = call_id
+        self.id = "rtc_" + secrets.token_hex(12)
         self.session = session
         # No STUN/TURN servers: the server answers with its own addresses (a client reaches it
         # directly); aiortc's default would ask a public STUN server.
@@ -324,12 +326,13 @@ class Call:
         self.connected = asyncio.Event()
         self.channel_open = asyncio.Event()
         self.hung_up = asyncio.Event()
-        self.secret: Optional[str] = None  # the client secret that admitted it, if one did
-        self.secrets = None  # the store it came from: given back if the call never connects
-        self.started = False  # the conversation began (the call connected)
+        self.secret = secret  # the client secret that admitted it, if one did: given back to
+        self.secrets = store  # the store it came from if the call never connects
+        self.started = False  # the conversation began (it gives the slot back at its end)
         self.task: Optional[asyncio.Task] = None
         self._closed = False
         self.pc.addTrack(self.out)
+        calls[self.id] = self
 
         @self.pc.on("track")
         def on_track(track):
@@ -376,9 +379,7 @@ class Call:
         return self.pc.localDescription.sdp
 
     async def run(self, wants_channel: bool, ice_timeout: float) -> None:
-        """Wait for the connection (at most ``ice_timeout``), then hold the conversation;
-        the slot taken for the call is given back either way."""
-        conversation = None
+        """Wait for the connection (at most ``ice_timeout``), then hold the conversation."""
         try:
             events = [self.connected] + ([self.channel_open] if wants_channel else [])
 
@@ -404,14 +405,11 @@ class Call:
                     ice_timeout,
                 )
                 return
+            socket = PresetSocket(self.socket, self.session)
+            conversation = RtcConversation(self.server, socket, self.track, self.out)
             self.started = True
-            conversation = RtcConversation(self.server, self.socket, self.track, self.out)
-            if self.session:
-                self.socket.message(json.dumps({"type": "session.update", "session": self.session}))
-            await conversation.run()  # gives the slot back at its end
+            await conversation.run()
         finally:
-            if conversation is None:
-                self.server.active -= 1
             await self.close()
 
     async def close(self) -> None:
@@ -420,8 +418,10 @@ class Call:
             return
         self._closed = True
         self.calls.pop(self.id, None)
-        if not self.started and self.secret is not None and self.secrets is not None:
-            self.secrets.release(self.secret)  # no connection was made with it
+        if not self.started:  # no connection was made: the slot and the secret are given back
+            self.server.active -= 1
+            if self.secret is not None:
+                self.secrets.release(self.secret)
         with contextlib.suppress(Exception):
             self.out.stop()
         with contextlib.suppress(Exception):
