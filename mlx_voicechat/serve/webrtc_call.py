@@ -325,7 +325,6 @@ class Call:
         self.track = None
         self.connected = asyncio.Event()
         self.channel_open = asyncio.Event()
-        self.hung_up = asyncio.Event()
         self.secret = secret  # the client secret that admitted it, if one did: given back to
         self.secrets = store  # the store it came from if the call never connects
         self.started = False  # the conversation began (it gives the slot back at its end)
@@ -379,31 +378,26 @@ class Call:
         return self.pc.localDescription.sdp
 
     async def run(self, wants_channel: bool, ice_timeout: float) -> None:
-        """Wait for the connection (at most ``ice_timeout``), then hold the conversation."""
+        """Wait for the connection (at most ``ice_timeout``; a hangup cancels the wait), then
+        hold the conversation."""
+
+        async def ready():
+            await self.connected.wait()
+            if wants_channel:
+                await self.channel_open.wait()
+
         try:
-            events = [self.connected] + ([self.channel_open] if wants_channel else [])
-
-            async def ready():
-                for e in events:
-                    await e.wait()
-
-            waits = [asyncio.ensure_future(ready()), asyncio.ensure_future(self.hung_up.wait())]
             try:
-                done, _ = await asyncio.wait(
-                    waits, timeout=ice_timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for w in waits:
-                    w.cancel()
-            if self.hung_up.is_set():
-                return
-            if waits[0] not in done:
+                await asyncio.wait_for(ready(), ice_timeout)
+            except asyncio.TimeoutError:
                 log.warning(
                     "WebRTC call %s: no connection within %g s (ICE, DTLS or the data channel "
                     "did not complete); closed",
                     self.id,
                     ice_timeout,
                 )
+                return
+            if self._closed:  # hung up as the wait ended (3.11's wait_for drops that cancel)
                 return
             socket = PresetSocket(self.socket, self.session)
             conversation = RtcConversation(self.server, socket, self.track, self.out)
@@ -413,12 +407,13 @@ class Call:
             await self.close()
 
     async def close(self) -> None:
-        self.hung_up.set()
         if self._closed:
             return
         self._closed = True
         self.calls.pop(self.id, None)
         if not self.started:  # no connection was made: the slot and the secret are given back
+            if self.task is not None and self.task is not asyncio.current_task():
+                self.task.cancel()  # (it waits for the connection)
             self.server.active -= 1
             if self.secret is not None:
                 self.secrets.release(self.secret)
