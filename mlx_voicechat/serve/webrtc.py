@@ -10,7 +10,7 @@ the endpoint answers 501.
 
 import asyncio
 import json
-from typing import Optional
+from typing import Optional, Tuple
 
 from .channel import log
 from .protocol import Realtime
@@ -38,18 +38,19 @@ def available() -> Optional[str]:
 # --- the routes -----------------------------------------------------------------------------
 
 
-def check_session(server, session) -> Optional[dict]:
-    """The error of a session config (a ``session.update``'s ``session``), or None."""
+def check_session(server, session) -> Tuple[Optional[dict], Optional[Realtime]]:
+    """A session config (a ``session.update``'s ``session``) tried on a new protocol: (its
+    error, or None; the protocol that took it)."""
     if session is None:
-        return None
+        return None, None
     if not isinstance(session, dict):
-        return refusal("`session` must be a JSON object", "invalid_value")
+        return refusal("`session` must be a JSON object", "invalid_value"), None
     probe = Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars)
     events, _ = probe.receive(json.dumps({"type": "session.update", "session": session}))
     for e in events:
         if e["type"] == "error":
-            return {"error": {k: v for k, v in e["error"].items() if k != "event_id"}}
-    return None
+            return {"error": {k: v for k, v in e["error"].items() if k != "event_id"}}, probe
+    return None, probe
 
 
 def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
@@ -78,13 +79,9 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
             "vary": "origin",
         }
 
-    def refused(status: int, body: dict, request=None):
+    def refused(status: int, body: dict):
         log.warning("refused a %s request: %s", "Realtime", body["error"]["message"])
-        headers = cors(request) if request is not None else {}
-        return JSONResponse(body, status_code=status, headers=headers)
-
-    def server_refused(status: int, message: str, code: str):
-        return refused(status, refusal(message, code, "server_error"))
+        return JSONResponse(body, status_code=status)
 
     def bad_sdp(message: str, status: int = 400):
         return refused(status, refusal(message, "invalid_sdp"))
@@ -120,15 +117,13 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         except ValueError as e:
             return refused(400, refusal(f"{e}".splitlines()[0], "invalid_value"))
         session = body.get("session") or {}
-        bad = check_session(server, session)
+        bad, probe = check_session(server, session)
         if bad is not None:
             return refused(400, bad)
         try:
             value, expires_at = store.mint(session, seconds)
         except SecretRefused as e:
             return refused(429, refusal(str(e), "rate_limit_exceeded"))
-        probe = Realtime(server.model_id, max_instructions_chars=server.max_instructions_chars)
-        probe.receive(json.dumps({"type": "session.update", "session": session}))
         return {
             "value": value,
             "expires_at": expires_at,
@@ -151,14 +146,13 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
 
     async def answer_call(request):
         missing = available()
-        if missing is not None:
-            return server_refused(501, missing, "webrtc_unavailable")
-        if is_recognizer(server.model):
-            message = (
+        if missing is None and is_recognizer(server.model):
+            missing = (
                 "this server runs a recognizer: its transcription sessions are on the "
                 "WebSocket /v1/realtime"
             )
-            return server_refused(501, message, "webrtc_unavailable")
+        if missing is not None:
+            return refused(501, refusal(missing, "webrtc_unavailable", "server_error"))
         no, secret = server.caller(request.headers, request.scope.get("server"))
         if no is not None:
             return refused(no.status, no.body())
@@ -204,7 +198,7 @@ def install(app, server, ice_timeout: float = ICE_TIMEOUT) -> None:
         for needed, what in (("a=fingerprint:", "DTLS fingerprint"), ("a=ice-ufrag:", "ICE ufrag")):
             if needed not in sdp:
                 return bad_sdp(f"the SDP offer has no {what} ({needed})")
-        bad = check_session(server, session)
+        bad, _ = check_session(server, session)
         if bad is not None:
             return refused(400, bad)
         # last: a request refused above does not use its secret up (a busy server's does)
