@@ -142,8 +142,9 @@ class Server:
         self, secret: Optional[str], secrets, grace: float = 0.0, secret_first: bool = False
     ) -> Tuple[Optional[Refusal], Optional[dict]]:
         """Take a session slot (waiting at most ``grace`` seconds for one) and use up the client
-        secret, if one, once there is a slot (``secret_first``: before the slot is judged, as
-        for a WebRTC offer): (why not, None), or (None, the secret's session config)."""
+        secret, if one, once there is a slot (``secret_first``: checked before the slot is judged,
+        as for a WebRTC offer, and given back if there is none): (why not, None), or (None, the
+        secret's session config)."""
         if self.shutting_down:
             self.metrics.refused("shutting_down")
             message = "the server is shutting down; try again later"
@@ -156,6 +157,8 @@ class Server:
             while self.active >= self.max_sessions and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             if self.active >= self.max_sessions:
+                if secret is not None and secret_first:
+                    secrets.release(secret)  # refused, so not used up
                 self.metrics.refused("server_busy")
                 message = (
                     f"all {self.max_sessions} session(s) of this server are in use; try again later"

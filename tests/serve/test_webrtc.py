@@ -229,6 +229,27 @@ def test_a_client_secret_on_the_websocket_once(served):
     wait_idle(served)
 
 
+def test_a_busy_server_leaves_a_calls_secret_unused(served, offers, monkeypatch):
+    """An offer refused because every session is in use does not use its secret up: the
+    secret then admits a connection once a slot is free."""
+    value = json.loads(mint(served)[2])["value"]
+    server = served.app.state.server
+    monkeypatch.setattr(server, "active", server.max_sessions)
+    headers = {"Authorization": f"Bearer {value}", "Content-Type": "application/sdp"}
+    status, _, body = post(served, "/v1/realtime/calls", offers[0].encode(), headers)
+    assert status == 503 and json.loads(body)["error"]["code"] == "server_busy"
+    monkeypatch.undo()
+    url = served.url.replace("http", "ws") + "/v1/realtime"
+
+    async def main():
+        auth = {"Authorization": f"Bearer {value}"}
+        async with websockets.connect(url, additional_headers=auth) as ws:
+            return json.loads(await ws.recv())
+
+    assert run(main())["type"] == "session.created"
+    wait_idle(served)
+
+
 @pytest.fixture(scope="module")
 def offers():
     """An SDP offer with audio and the data channel, and one with the data channel only."""
