@@ -1,6 +1,10 @@
-"""Options several verbs take, written once."""
+"""Options several verbs take, and the words ``serve`` and ``serve --ray`` share, written once."""
 
 from __future__ import annotations
+
+import sys
+
+from ..errors import VoiceChatError
 
 MODEL_HELP = "checkpoint folder or hub id"
 
@@ -56,3 +60,23 @@ def add_quantize_options(p, quantize_help: str) -> None:
     """``--quantize`` and ``--group-size`` (``make-checkpoint``, ``convert``)."""
     p.add_argument("--quantize", type=int, choices=[4, 8], default=None, help=quantize_help)
     p.add_argument("--group-size", type=int, default=64, help="32, 64 or 128 (default 64)")
+
+
+class ServeError(VoiceChatError):
+    """The server cannot start as asked (``--ray``'s deployment included)."""
+
+
+def flag(attr: str) -> str:
+    """The flag of an ``args`` attribute: ``max_sessions`` -> ``--max-sessions``."""
+    return "--" + attr.replace("_", "-")
+
+
+def say(text: str) -> None:
+    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
+
+
+def urls(args, tls: bool = False) -> str:
+    """Where the server answers: its Realtime WebSocket and its web page."""
+    ws, http = ("wss", "https") if tls else ("ws", "http")
+    where = f"{args.host}:{args.port}"
+    return f"{ws}://{where}/v1/realtime (web page {http}://{where}/)"

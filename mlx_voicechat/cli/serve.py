@@ -6,23 +6,17 @@ import ipaddress
 import os
 import sys
 
-from ..errors import VoiceChatError
-from .options import MODEL_HELP, add_seed_option, add_tokenizer_option
+from .options import (
+    MODEL_HELP,
+    ServeError,
+    add_seed_option,
+    add_tokenizer_option,
+    flag,
+    say,
+    urls,
+)
 
 KEY_ENV = "MLX_VOICECHAT_API_KEY"
-
-
-class ServeError(VoiceChatError):
-    """The server cannot start as asked (``--ray``'s deployment included)."""
-
-
-def flag(attr: str) -> str:
-    """The flag of an ``args`` attribute: ``max_sessions`` -> ``--max-sessions``."""
-    return "--" + attr.replace("_", "-")
-
-
-def say(text: str) -> None:
-    print(f"mlx-voicechat serve: {text}", file=sys.stderr)
 
 
 def add_parser(subparsers):
@@ -164,13 +158,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def urls(args, tls: bool = False) -> str:
-    """Where the server answers: its Realtime WebSocket and its web page."""
-    ws, http = ("wss", "https") if tls else ("ws", "http")
-    where = f"{args.host}:{args.port}"
-    return f"{ws}://{where}/v1/realtime (web page {http}://{where}/)"
-
-
 def check_tls(certfile, keyfile) -> bool:
     """Whether TLS is asked for; a certificate and key that do not load are a one-line
     error here, before the model loads (uvicorn would print a traceback after it)."""
@@ -180,9 +167,9 @@ def check_tls(certfile, keyfile) -> bool:
         return False
     import ssl
 
-    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+    for attr, path in (("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
         if path is not None and not os.path.isfile(path):
-            raise ServeError(f"{flag} {path}: no such file")
+            raise ServeError(f"{flag(attr)} {path}: no such file")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
     except (ssl.SSLError, OSError, ValueError) as e:
@@ -335,4 +322,3 @@ def _exit(server, worker) -> int:
     if sig is not None:
         raise Terminated(sig)
     return 0
-

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 
 from . import _raise_terminated
-from .serve import ServeError, flag, say, urls
+from .options import ServeError, flag, say, urls
 
 RAY_EXTRA = "pip install 'mlx-voicechat[ray]'"
 # Ray Serve's INFO is a line per controller step and per request: shown at --log-level debug
