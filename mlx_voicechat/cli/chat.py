@@ -160,6 +160,9 @@ def run(args) -> int:
         if not args.tool_timeout > 0:
             raise MCPError(f"--tool-timeout must be > 0 seconds, not {args.tool_timeout:g}")
     model = load(args.model, tokenizer=args.tokenizer)
+    from ..nemotron_asr.recognizer import require_voicechat
+
+    require_voicechat(model, "chat")  # a recognizer's session takes no prompt: one clear error
     mcp = None
     if args.mcp is not None:
         mcp = start_mcp(args.mcp, args.tool_timeout, taken=[t["name"] for t in tools])
