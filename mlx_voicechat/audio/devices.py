@@ -124,16 +124,22 @@ def _device(sd, device: Union[int, str, None], kind: str) -> dict:
     return info
 
 
-def _open(sd, cls, name, **kw):
-    try:
-        stream = cls(**kw)
-        stream.start()
-        return stream
-    except (sd.PortAudioError, ValueError) as e:
-        raise DeviceError(f"cannot open {name} at {kw['samplerate']} Hz: {e}") from None
+class _Stream(_Closing):
+    """A started PortAudio stream of one float32 channel, stopped and closed by ``close``."""
+
+    def _open(self, sd, cls, name: str, device, rate: int, **kw) -> None:
+        try:
+            self._stream = cls(device=device, channels=1, dtype="float32", samplerate=rate, **kw)
+            self._stream.start()
+        except (sd.PortAudioError, ValueError) as e:
+            raise DeviceError(f"cannot open {name} at {rate} Hz: {e}") from None
+
+    def close(self) -> None:
+        self._stream.stop()
+        self._stream.close()
 
 
-class Microphone(_Closing):
+class Microphone(_Stream):
     """A PortAudio input stream, read in blocks. Opened at ``sample_rate`` when the device
     takes it, else at the device's own rate (``sample_rate`` then says which: the session
     resamples)."""
@@ -148,24 +154,12 @@ class Microphone(_Closing):
             rate = int(info["default_samplerate"])
         self.sample_rate = rate
         self.overflows = 0
-        self._stream = _open(
-            sd,
-            sd.InputStream,
-            f"microphone {info['name']!r}",
-            device=device,
-            channels=1,
-            dtype="float32",
-            samplerate=rate,
-        )
+        self._open(sd, sd.InputStream, f"microphone {info['name']!r}", device, rate)
 
     def read(self, n: int) -> Optional[np.ndarray]:
         data, overflowed = self._stream.read(n)
         self.overflows += int(bool(overflowed))
         return data[:, 0].copy()
-
-    def close(self) -> None:
-        self._stream.stop()
-        self._stream.close()
 
 
 class PlayQueue:
@@ -205,7 +199,7 @@ class PlayQueue:
             return self._head.size + sum(b.size for b in self._blocks)
 
 
-class Speaker(_Closing):
+class Speaker(_Stream):
     """A PortAudio output stream fed from a :class:`PlayQueue` by PortAudio's callback:
     ``write`` never blocks the conversation, and an empty queue plays silence."""
 
@@ -214,23 +208,17 @@ class Speaker(_Closing):
         info = _device(sd, device, "output")
         self.sample_rate = int(sample_rate)
         self.queue = PlayQueue()
-        self._stream = _open(
+        self._open(
             sd,
             sd.OutputStream,
             f"speaker {info['name']!r}",
-            device=device,
-            channels=1,
-            dtype="float32",
-            samplerate=self.sample_rate,
+            device,
+            self.sample_rate,
             callback=lambda out, _frames, _time, _status: self.queue.fill(out[:, 0]),
         )
 
     def write(self, samples) -> None:
         self.queue.push(samples)
-
-    def close(self) -> None:
-        self._stream.stop()
-        self._stream.close()
 
 
 def open_microphone(device=None, sample_rate: int = 16000) -> Microphone:

@@ -56,6 +56,11 @@ def _wav_truncation(path: Path):
         return None
 
 
+def _reason(e: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when that is empty."""
+    return (str(e).splitlines() or [""])[0] or type(e).__name__
+
+
 def _read_file(path: Path):
     if not path.exists():
         raise AudioError(f"audio file not found: {path}")
@@ -81,7 +86,7 @@ def _read_file(path: Path):
             )
         return data, rate
     except Exception as sf_error:  # soundfile cannot decode it; try miniaudio / ffmpeg
-        reason = str(sf_error).splitlines()[0] if str(sf_error) else type(sf_error).__name__
+        reason = _reason(sf_error)
     try:
         from mlx_audio import audio_io
 
@@ -97,8 +102,7 @@ def _read_object(f, what: str):
     try:
         return sf.read(f, dtype="float32", always_2d=True)
     except Exception as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise AudioError(f"cannot read {what}: {reason}") from None
+        raise AudioError(f"cannot read {what}: {_reason(e)}") from None
 
 
 def _as_numpy(source) -> np.ndarray:
@@ -296,7 +300,7 @@ def save_wav(path: Union[str, os.PathLike], samples, sample_rate: int) -> Path:
             sf.write(tmp, pcm, int(sample_rate), subtype="PCM_16", format="WAV")
             os.replace(tmp, target)
         except Exception as e:
-            reason = getattr(e, "strerror", None) or str(e).splitlines()[0] or type(e).__name__
+            reason = getattr(e, "strerror", None) or _reason(e)
             raise AudioError(f"cannot write {path}: {reason}") from None
     except BaseException:
         if os.path.exists(tmp):

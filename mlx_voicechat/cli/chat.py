@@ -7,6 +7,7 @@ run on the MCP client's thread and each result is queued between frames.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable, Optional
 
@@ -160,6 +161,9 @@ def run(args) -> int:
         if not args.tool_timeout > 0:
             raise MCPError(f"--tool-timeout must be > 0 seconds, not {args.tool_timeout:g}")
     model = load(args.model, tokenizer=args.tokenizer)
+    from ..nemotron_asr.recognizer import require_voicechat
+
+    require_voicechat(model, "chat")  # a recognizer's session takes no prompt: one clear error
     mcp = None
     if args.mcp is not None:
         mcp = start_mcp(args.mcp, args.tool_timeout, taken=[t["name"] for t in tools])
@@ -175,22 +179,18 @@ def _converse(args, model, devices, mic_device, speaker_device, tools, mcp) -> N
     all_tools = list(tools) + (mcp.functions if mcp is not None else [])
     session = model.session(args.system_prompt, seed=args.seed, tools=all_tools or None)
     printer = WordPrinter()
-    mic = devices.open_microphone(mic_device, session.input_sample_rate)
-    try:
-        speaker = devices.open_speaker(speaker_device, session.output_sample_rate)
-    except BaseException:
-        mic.close()
-        raise
-    print(f"listening at {mic.sample_rate} Hz; speak, and Ctrl-C to end", file=sys.stderr)
-    try:
-        chat_loop(session, mic, speaker, on_events=printer, tools=mcp,
-                  on_outcome=lambda o: print_outcome(printer, o))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        printer.end()
-        mic.close()
-        speaker.close()
-        session.close()
+    with contextlib.ExitStack() as stack:  # whatever was opened is closed, Ctrl-C too
+        stack.callback(session.close)
+        mic = stack.enter_context(devices.open_microphone(mic_device, session.input_sample_rate))
+        speaker = stack.enter_context(
+            devices.open_speaker(speaker_device, session.output_sample_rate)
+        )
+        stack.callback(printer.end)
+        print(f"listening at {mic.sample_rate} Hz; speak, and Ctrl-C to end", file=sys.stderr)
+        try:
+            chat_loop(session, mic, speaker, on_events=printer, tools=mcp,
+                      on_outcome=lambda o: print_outcome(printer, o))
+        except KeyboardInterrupt:
+            pass
     seconds = session.frames * model.config.frame_duration
     print(f"ended after {session.frames} frames ({seconds:.1f} s)", file=sys.stderr)

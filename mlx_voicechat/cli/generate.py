@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .options import add_conversation_options, add_file_options
+from .options import add_conversation_options, add_file_options, check_file_options
 
 PROGRESS_MIN_FRAMES = 50  # 4 s of timeline: shorter runs print no progress bar
 
@@ -59,25 +59,13 @@ class _Progress:
 
 def run(args) -> int:
     from .. import load
-    from ..audio.io import check_output, load_audio
     from ..nemotron_voicechat.runtime.request import check_extra_seconds, check_seed
 
     # The request's own checks, under the flags' names; whether the audio and its trailing
     # silence fit in the LLM's context, generate() checks before it makes the silence.
     check_extra_seconds(args.extra_decoding_seconds, "--extra-decoding-seconds")
     check_seed(args.seed, "--seed")
-    # Everything that can refuse the output is checked before the model loads.
-    out = Path(args.output_audio)
-    check_output(out, inputs=[args.audio])
-    from ..nemotron_voicechat.runtime.tools import read_tools_file
-
-    tools = read_tools_file(args.tools)
-    if args.plot:  # checked before the long work, like the WAV
-        from ..nemotron_voicechat.runtime import plot
-
-        plot.check_available()
-        check_output(args.plot, inputs=[args.audio, out])
-    samples = load_audio(args.audio)  # a bad file fails before the model loads
+    samples, tools = check_file_options(args)
     model = load(args.model, tokenizer=args.tokenizer)
     from ..nemotron_asr.recognizer import require_voicechat
 
@@ -95,7 +83,7 @@ def run(args) -> int:
         )
     finally:
         progress.close()
-    result.save(out)
+    out = result.save(args.output_audio)
     if args.plot:
         _plot(model, result, samples, args)
     print(f"[user] {result.user_transcript}")

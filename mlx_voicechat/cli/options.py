@@ -48,6 +48,23 @@ def add_file_options(p, output_required: bool, extra_help: str) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="timeline picture of the run")
 
 
+def check_file_options(args):
+    """What can refuse a run of ``add_file_options`` and ``--tools``, checked before the model
+    loads (a bad output, plot or file fails before the long work): ``(samples, tools)``."""
+    from ..audio.io import check_output, load_audio
+    from ..nemotron_voicechat.runtime.tools import read_tools_file
+
+    if args.output_audio is not None:
+        check_output(args.output_audio, inputs=[args.audio])
+    tools = read_tools_file(args.tools)
+    if args.plot:
+        from ..nemotron_voicechat.runtime import plot
+
+        plot.check_available()
+        check_output(args.plot, inputs=[args.audio, args.output_audio])
+    return load_audio(args.audio), tools
+
+
 def add_recognizer_options(p) -> None:
     """``--language`` and ``--prompt-id`` (a Nemotron-3.5-ASR checkpoint's language prompt)."""
     p.add_argument(

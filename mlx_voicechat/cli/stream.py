@@ -200,35 +200,35 @@ def rtf_line(run: StreamRun) -> str:
     )
 
 
-def run(args) -> int:
-    from .. import load
-    from ..audio.io import check_output, load_audio, save_wav
-    from ..nemotron_voicechat.runtime import plot
-    from ..nemotron_voicechat.runtime.request import check_extra_seconds
-
-    extra = check_extra_seconds(args.extra_decoding_seconds)
-    if args.output_audio:  # a bad output fails before the long work
-        check_output(args.output_audio, inputs=[args.audio])
-    if args.plot:
-        plot.check_available()
-        check_output(args.plot, inputs=[args.audio, args.output_audio])
-    samples = load_audio(args.audio)
-    from ..nemotron_voicechat.runtime.tools import read_tools_file
-
-    tools = read_tools_file(args.tools)  # a bad file fails before the model loads
-    model = load(args.model, tokenizer=args.tokenizer)
-    if getattr(model, "resolve_prompt", None) is not None:  # Nemotron-3.5-ASR: transcription
-        return run_transcription(args, model, samples)
-    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
-    printer = WordPrinter()
+def _timed_run(args, session, samples, extra: float, printer) -> StreamRun:
+    """:func:`stream_samples` with the words printed as they come, then the latency and RTF."""
     try:
         result = stream_samples(session, samples, extra, realtime=args.realtime, on_events=printer)
     finally:
         printer.end()
-        session.close()
-    ahead = session.ready_before_slot_end
     print(latency_line(result))
     print(rtf_line(result))
+    return result
+
+
+def run(args) -> int:
+    from .. import load
+    from ..audio.io import save_wav
+    from ..nemotron_voicechat.runtime import plot
+    from ..nemotron_voicechat.runtime.request import check_extra_seconds
+    from .options import check_file_options
+
+    extra = check_extra_seconds(args.extra_decoding_seconds)
+    samples, tools = check_file_options(args)
+    model = load(args.model, tokenizer=args.tokenizer)
+    if getattr(model, "resolve_prompt", None) is not None:  # Nemotron-3.5-ASR: transcription
+        return run_transcription(args, model, samples)
+    session = model.session(args.system_prompt, seed=args.seed, tools=tools or None)
+    try:
+        result = _timed_run(args, session, samples, extra, WordPrinter())
+    finally:
+        session.close()
+    ahead = session.ready_before_slot_end
     per, first = session.input_samples_per_frame, session.samples_needed(0)
     print(
         f"lookahead: frame k is computed once {per} k + {first} samples are in, {ahead} samples "
@@ -269,14 +269,8 @@ def run_transcription(args, model, samples) -> int:
     if args.output_audio or args.plot:
         raise VoiceChatError("a recognizer has no reply: leave out --output-audio and --plot")
     session = model.session(language=args.language, prompt_id=args.prompt_id)
-    printer = TranscriptPrinter()
-    try:
-        # The transcript needs no trailing silence (that is for a VoiceChat reply).
-        result = stream_samples(session, samples, 0.0, realtime=args.realtime, on_events=printer)
-    finally:
-        printer.end()
-    print(latency_line(result))
-    print(rtf_line(result))
+    # The transcript needs no trailing silence (that is for a VoiceChat reply).
+    _timed_run(args, session, samples, 0.0, TranscriptPrinter())
     if session.language:
         print(f"language: {session.language}")
     L, first = model.config.lookahead, session.samples_needed(0)

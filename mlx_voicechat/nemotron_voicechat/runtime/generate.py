@@ -157,12 +157,10 @@ def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_fram
     """Each frame's listening for the offline loop: the projected rows of the whole-input pass
     (``offline.encoder``) and its encoder output, or each frame's mel window and the encoder
     context to run them on."""
-    if fastpaths.enabled("offline.encoder"):
-        projected, encoded, F = listen(
-            model, audio, extra_decoding_seconds, source_rate, request, keep_frames
-        )
-        return [projected[:, i : i + 1] for i in range(F)], encoded
     args = (extra_decoding_seconds, source_rate, request, keep_frames)
+    if fastpaths.enabled("offline.encoder"):
+        projected, encoded, F = listen(model, audio, *args)
+        return [projected[:, i : i + 1] for i in range(F)], encoded
     samples, what = _samples(model, audio, *args)
     mel = MelStream(model.stt_model.perception)
     mel.push(samples)
