@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
@@ -20,7 +19,12 @@ from ..errors import VoiceChatError
 from ..files import atomic_folder
 from ..nemotron_voicechat.weights.loading import check_write_options
 from ..nemotron_voicechat.weights.scales import letter_pieces
-from ..nemotron_voicechat.weights.writer import save_safetensors, write_json
+from ..nemotron_voicechat.weights.writer import (
+    cast_floats,
+    quantize_listed,
+    save_safetensors,
+    write_json,
+)
 from .config import ASRConfig, PromptConfig, transformers_config
 from .layout import to_transformers
 
@@ -183,24 +187,15 @@ def make_recognizer_checkpoint(
     config = asr_scale_config(scale, prompt)
     model = Recognizer(config)
     weights = random_recognizer_weights(model, seed)
-    if dtype != "float32":
-        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    weights = cast_floats(weights, getattr(mx, dtype))
     model.load_weights(list(weights.items()), strict=True)
     if quantize:
-        chosen = []
-
-        def predicate(path, module):
-            ok = hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
-            if ok:
-                chosen.append(path)
-            return ok
-
-        nn.quantize(model, group_size=group_size, bits=quantize, class_predicate=predicate)
-        if not chosen:
-            raise VoiceChatError(
-                f"no matrix of the {scale} recognizer has an input width divisible by group "
-                f"size {group_size}; pick a smaller group size"
-            )
+        listed = [
+            path
+            for path, m in model.named_modules()
+            if hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
+        ]
+        quantize_listed(model, listed, quantize, group_size, f"{scale} recognizer")
         config.quantization = {"group_size": group_size, "bits": quantize, "mode": "affine"}
         weights = dict(tree_flatten(model.parameters()))
 

@@ -23,6 +23,7 @@ from .random_init import random_weights
 from .sanitize import conv_transpose_keys, to_torch_layout
 from .scales import SCALES, build_tokenizer, scale_config, tokenizer_config
 from .writer import (
+    cast_floats,
     flat_config,
     quantize_like_mlx_community,
     save_safetensors,
@@ -81,12 +82,7 @@ def make_checkpoint(
     tokenizer = build_tokenizer(config.text_args.vocab_size)
     model = VoiceChatModel(config)
     weights = random_weights(model, config, tokenizer, seed)
-    if dtype != "float32" or layout == "nvidia":
-        target = mx.float32 if layout == "nvidia" else getattr(mx, dtype)
-        weights = {
-            k: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v
-            for k, v in weights.items()
-        }
+    weights = cast_floats(weights, mx.float32 if layout == "nvidia" else getattr(mx, dtype))
     quant_map = None
     if quantize:
         model.load_weights(list(weights.items()), strict=True)
