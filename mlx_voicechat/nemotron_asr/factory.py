@@ -6,7 +6,6 @@ that random models emit tokens at a speech-like rate. A pure function of its arg
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -18,6 +17,7 @@ from ..config import EncoderConfig, PreprocessorConfig, RNNTDecoderConfig, RNNTJ
 from ..errors import VoiceChatError
 from ..files import atomic_folder
 from ..nemotron_voicechat.weights.loading import check_write_options
+from ..nemotron_voicechat.weights.random_init import is_norm, keyed_parameters, random_value
 from ..nemotron_voicechat.weights.scales import letter_pieces
 from ..nemotron_voicechat.weights.writer import (
     cast_floats,
@@ -97,20 +97,11 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
 
 def random_recognizer_weights(model, seed: int = 0) -> Dict[str, mx.array]:
     """Deterministic random values for every parameter (MLX layout), then the blank bias."""
-    params = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
-    keys = mx.random.split(mx.random.key(seed), len(params))
     out = {}
-    for (name, p), k in zip(params, keys):
-        shape = p.shape
-        leaf = name.rsplit(".", 2)
-        is_norm = "norm" in leaf[-2] if len(leaf) > 1 else False
-        if len(shape) <= 1 and is_norm and name.endswith("weight"):
-            v = 1.0 + 0.1 * mx.random.normal(shape, key=k)
-        elif len(shape) <= 1 or name.endswith(("pos_bias_u", "pos_bias_v")):
-            v = 0.05 * mx.random.normal(shape, key=k)
-        else:
-            fan_in = 1 if "embed" in name else math.prod(shape[1:])
-            v = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
+    for (name, p), k in keyed_parameters(model, seed):
+        around_one = is_norm(name) and name.endswith("weight")
+        small = name.endswith(("pos_bias_u", "pos_bias_v"))
+        v = random_value(name, p.shape, k, around_one=around_one, small=small)
         out[name] = v.astype(p.dtype)
     blank = model.config.blank_id
     embed = "decoder.prediction.embed.weight"
