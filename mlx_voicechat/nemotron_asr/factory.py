@@ -44,14 +44,6 @@ _PRESETS = {
 }
 
 
-def _pieces(n: int) -> List[str]:
-    """A SentencePiece-like vocabulary of ``n`` pieces with the language tags in it."""
-    letters = list("abcdefghijklmnopqrstuvwxyz")
-    pieces = ["<unk>", "\u2581"] + [f"<{lang}>" for lang in _LANGUAGES]
-    pieces += letters + ["\u2581" + c for c in letters] + ["'", ",", ".", "?"]
-    return letter_pieces(pieces, n)
-
-
 def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
     """The config of a named scale; ``prompt=False``: without the language prompt (the
     English-only ``nemotron_asr_streaming`` kind)."""
@@ -90,7 +82,7 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
             joint_hidden=p["pred"],
             num_classes=p["vocab"],
         ),
-        vocabulary=_pieces(p["vocab"]),
+        vocabulary=letter_pieces(p["vocab"], tags=[f"<{lang}>" for lang in _LANGUAGES]),
         lookaheads=(13, 6, 1, 0),
     )
 
