@@ -5,7 +5,6 @@ function of (scale, seed): the same arguments write the same bytes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -17,7 +16,7 @@ from mlx.utils import tree_flatten
 from ...config.layouts import nemo_config
 from ...config.sections import is_recognizer_config
 from ...errors import VoiceChatError
-from ...files import atomic_folder
+from ...files import atomic_folder, read_json
 from .loading import check_write_options
 from .random_init import random_weights
 from .sanitize import conv_transpose_keys, to_torch_layout
@@ -139,9 +138,8 @@ def _is_own_checkpoint(folder: Path) -> bool:
     if not all(_OWN_ENTRIES.match(p.name) for p in folder.iterdir()):
         return False
     try:
-        with open(folder / "config.json", encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
+        raw = read_json(folder / "config.json", ValueError)
+    except ValueError:  # unreadable or not JSON
         return False
     if not isinstance(raw, dict):
         return False
