@@ -6,12 +6,10 @@ that random models emit tokens at a speech-like rate. A pure function of its arg
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
@@ -19,8 +17,14 @@ from ..config import EncoderConfig, PreprocessorConfig, RNNTDecoderConfig, RNNTJ
 from ..errors import VoiceChatError
 from ..files import atomic_folder
 from ..nemotron_voicechat.weights.loading import check_write_options
+from ..nemotron_voicechat.weights.random_init import is_norm, keyed_parameters, random_value
 from ..nemotron_voicechat.weights.scales import letter_pieces
-from ..nemotron_voicechat.weights.writer import save_safetensors, write_json
+from ..nemotron_voicechat.weights.writer import (
+    cast_floats,
+    quantize_listed,
+    save_safetensors,
+    write_json,
+)
 from .config import ASRConfig, PromptConfig, transformers_config
 from .layout import to_transformers
 
@@ -38,14 +42,6 @@ _PRESETS = {
         d=1024, layers=24, heads=8, sub=256, vocab=13087, pred=640, prompts=128, prompt_hidden=2048
     ),
 }
-
-
-def _pieces(n: int) -> List[str]:
-    """A SentencePiece-like vocabulary of ``n`` pieces with the language tags in it."""
-    letters = list("abcdefghijklmnopqrstuvwxyz")
-    pieces = ["<unk>", "\u2581"] + [f"<{lang}>" for lang in _LANGUAGES]
-    pieces += letters + ["\u2581" + c for c in letters] + ["'", ",", ".", "?"]
-    return letter_pieces(pieces, n)
 
 
 def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
@@ -86,27 +82,18 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
             joint_hidden=p["pred"],
             num_classes=p["vocab"],
         ),
-        vocabulary=_pieces(p["vocab"]),
+        vocabulary=letter_pieces(p["vocab"], tags=[f"<{lang}>" for lang in _LANGUAGES]),
         lookaheads=(13, 6, 1, 0),
     )
 
 
 def random_recognizer_weights(model, seed: int = 0) -> Dict[str, mx.array]:
     """Deterministic random values for every parameter (MLX layout), then the blank bias."""
-    params = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
-    keys = mx.random.split(mx.random.key(seed), len(params))
     out = {}
-    for (name, p), k in zip(params, keys):
-        shape = p.shape
-        leaf = name.rsplit(".", 2)
-        is_norm = "norm" in leaf[-2] if len(leaf) > 1 else False
-        if len(shape) <= 1 and is_norm and name.endswith("weight"):
-            v = 1.0 + 0.1 * mx.random.normal(shape, key=k)
-        elif len(shape) <= 1 or name.endswith(("pos_bias_u", "pos_bias_v")):
-            v = 0.05 * mx.random.normal(shape, key=k)
-        else:
-            fan_in = 1 if "embed" in name else math.prod(shape[1:])
-            v = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
+    for (name, p), k in keyed_parameters(model, seed):
+        around_one = is_norm(name) and name.endswith("weight")
+        small = name.endswith(("pos_bias_u", "pos_bias_v"))
+        v = random_value(name, p.shape, k, around_one=around_one, small=small)
         out[name] = v.astype(p.dtype)
     blank = model.config.blank_id
     embed = "decoder.prediction.embed.weight"
@@ -183,24 +170,15 @@ def make_recognizer_checkpoint(
     config = asr_scale_config(scale, prompt)
     model = Recognizer(config)
     weights = random_recognizer_weights(model, seed)
-    if dtype != "float32":
-        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    weights = cast_floats(weights, getattr(mx, dtype))
     model.load_weights(list(weights.items()), strict=True)
     if quantize:
-        chosen = []
-
-        def predicate(path, module):
-            ok = hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
-            if ok:
-                chosen.append(path)
-            return ok
-
-        nn.quantize(model, group_size=group_size, bits=quantize, class_predicate=predicate)
-        if not chosen:
-            raise VoiceChatError(
-                f"no matrix of the {scale} recognizer has an input width divisible by group "
-                f"size {group_size}; pick a smaller group size"
-            )
+        listed = [
+            path
+            for path, m in model.named_modules()
+            if hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
+        ]
+        quantize_listed(model, listed, quantize, group_size, f"{scale} recognizer")
         config.quantization = {"group_size": group_size, "bits": quantize, "mode": "affine"}
         weights = dict(tree_flatten(model.parameters()))
 

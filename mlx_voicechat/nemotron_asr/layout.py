@@ -10,7 +10,7 @@ from typing import Dict, Mapping
 
 import mlx.core as mx
 
-from ..nemotron_voicechat.weights.sanitize import expected_shapes, sanitize, to_torch_layout
+from ..nemotron_voicechat.weights.sanitize import expected_shapes, rename, sanitize, to_torch_layout
 
 # (Transformers, ours) names, applied in this order either way: "^" anchors a name at the key's
 # start, "$" at its end; others are infixes.
@@ -67,16 +67,10 @@ _TO_TRANSFORMERS = tuple(_rule(ours, theirs) for theirs, ours in _RENAMES) + (
 _IGNORED = re.compile(r"(\.num_batches_tracked|\.inv_freq)$")
 
 
-def _rename(key: str, rules) -> str:
-    for pattern, repl in rules:
-        key = pattern.sub(repl, key)
-    return key
-
-
 def sanitize_recognizer(model, weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
     """Either layout's tensors onto ``model``'s parameter tree (unknown keys kept, so that
     strict loading names them)."""
-    renamed = {_rename(k, _TO_OURS): v for k, v in weights.items() if not _IGNORED.search(k)}
+    renamed = {rename(k, _TO_OURS): v for k, v in weights.items() if not _IGNORED.search(k)}
     return sanitize(renamed, expected_shapes(model))
 
 
@@ -85,4 +79,4 @@ def to_transformers(weights: Mapping[str, mx.array]) -> Dict[str, mx.array]:
     Transformers layout (names and PyTorch shapes; the LSTM bias as ``bias_ih``, with a zero
     ``bias_hh``)."""
     torch_w = to_torch_layout(weights)
-    return {_rename(k, _TO_TRANSFORMERS): v for k, v in torch_w.items()}
+    return {rename(k, _TO_TRANSFORMERS): v for k, v in torch_w.items()}

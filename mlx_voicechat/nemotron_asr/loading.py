@@ -17,6 +17,7 @@ from ..fastpaths.layout import use_cpu_layout
 from ..files import read_json
 from ..nemotron_voicechat.model import check_shapes
 from ..nemotron_voicechat.weights.loading import quantize_model, read_weights, weight_files
+from ..nemotron_voicechat.weights.sanitize import expected_shapes
 from .config import ASRConfig, is_recognizer_config
 from .layout import sanitize_recognizer
 
@@ -88,9 +89,8 @@ def load_recognizer(
     weights = sanitize_recognizer(model, read_weights(weight_files(folder)))
     weights.update(zero_biases(model, config, weights))
     quantize_model(model, config.quantization, weights)
-    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     found = {k: tuple(weights[k].shape) for k in sorted(weights)}
-    check_shapes(expected, found, folder, model="a Nemotron-3.5-ASR recognizer")
+    check_shapes(expected_shapes(model), found, folder, model="a Nemotron-3.5-ASR recognizer")
     model.load_weights(list(weights.items()), strict=True)
     del weights
     model.eval()

@@ -33,6 +33,7 @@ from .loading import (
     read_config,
     read_safetensors,
     resolve_path,
+    tokenizer_folder,
     weight_files,
 )
 from .writer import (
@@ -193,15 +194,6 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
         write_json(cfg_path, cfg)
 
 
-def _tokenizer_folder(tokenizer) -> Path:
-    """A local folder as it is; a hub id fetched for its tokenizer files only (the LLM repo
-    also holds 18 GB of weights)."""
-    path = Path(tokenizer).expanduser()
-    if path.is_file():
-        return path.parent
-    return resolve_path(str(tokenizer), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
-
-
 def convert(
     source,
     output,
@@ -247,7 +239,7 @@ def convert(
         raise ConversionError(f"cannot write output {given}: no permission to write in {parent}")
     raw = read_config(folder)
     config = VoiceChatConfig.from_dict(raw)
-    tok_dir = _tokenizer_folder(tokenizer) if tokenizer is not None else folder
+    tok_dir = tokenizer_folder(tokenizer) if tokenizer is not None else folder
     if not (tok_dir / "tokenizer.json").exists():
         hint = (
             "NVIDIA's raw release ships no tokenizer (it is Nemotron-Nano-9B-v2's): pass "

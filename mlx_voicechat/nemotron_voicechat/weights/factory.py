@@ -5,7 +5,6 @@ function of (scale, seed): the same arguments write the same bytes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -17,12 +16,13 @@ from mlx.utils import tree_flatten
 from ...config.layouts import nemo_config
 from ...config.sections import is_recognizer_config
 from ...errors import VoiceChatError
-from ...files import atomic_folder
+from ...files import atomic_folder, read_json
 from .loading import check_write_options
 from .random_init import random_weights
 from .sanitize import conv_transpose_keys, to_torch_layout
 from .scales import SCALES, build_tokenizer, scale_config, tokenizer_config
 from .writer import (
+    cast_floats,
     flat_config,
     quantize_like_mlx_community,
     save_safetensors,
@@ -81,12 +81,7 @@ def make_checkpoint(
     tokenizer = build_tokenizer(config.text_args.vocab_size)
     model = VoiceChatModel(config)
     weights = random_weights(model, config, tokenizer, seed)
-    if dtype != "float32" or layout == "nvidia":
-        target = mx.float32 if layout == "nvidia" else getattr(mx, dtype)
-        weights = {
-            k: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v
-            for k, v in weights.items()
-        }
+    weights = cast_floats(weights, mx.float32 if layout == "nvidia" else getattr(mx, dtype))
     quant_map = None
     if quantize:
         model.load_weights(list(weights.items()), strict=True)
@@ -143,9 +138,8 @@ def _is_own_checkpoint(folder: Path) -> bool:
     if not all(_OWN_ENTRIES.match(p.name) for p in folder.iterdir()):
         return False
     try:
-        with open(folder / "config.json", encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
+        raw = read_json(folder / "config.json", ValueError)
+    except ValueError:  # unreadable or not JSON
         return False
     if not isinstance(raw, dict):
         return False

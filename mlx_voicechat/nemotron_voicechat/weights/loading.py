@@ -203,17 +203,22 @@ def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], wei
 # --- tokenizer and vocabularies ---------------------------------------------------------
 
 
+def tokenizer_folder(source: Union[str, Path]) -> Path:
+    """A local folder as it is (a file: its folder); a hub id fetched for its tokenizer files
+    only (the LLM repo also holds 18 GB of weights)."""
+    folder = Path(source).expanduser()
+    if not folder.exists():
+        folder = resolve_path(str(source), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
+    return folder.parent if folder.is_file() else folder
+
+
 def load_tokenizer(source: Union[str, Path, Any]):
     """A ``transformers`` tokenizer from a folder with ``tokenizer.json`` (or a hub id)."""
     if source is None:
         return None
     if not isinstance(source, (str, Path)):
         return source  # already a tokenizer object
-    folder = Path(source).expanduser()
-    if not folder.exists():
-        folder = resolve_path(str(source), patterns=TOKENIZER_PATTERNS, what="tokenizer folder")
-    if folder.is_file():
-        folder = folder.parent
+    folder = tokenizer_folder(source)
     if not (folder / "tokenizer.json").exists():
         raise CheckpointError(f"{folder} has no tokenizer.json")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

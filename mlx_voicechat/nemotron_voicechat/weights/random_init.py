@@ -15,22 +15,40 @@ from ...audio.mel import slaney_mel_filters
 from ...config import VoiceChatConfig
 from .scales import SPECIAL_TOKENS
 
+_TABLES = ("embed", "rvq", "mus_list", "latents")  # drawn at unit scale
 
-def _is_norm(name: str) -> bool:
-    leaf = name.rsplit(".", 2)
-    return "norm" in name.rsplit(".", 1)[0].rsplit(".", 1)[-1] or leaf[-2].endswith("norm")
+
+def is_norm(name: str) -> bool:
+    """Whether parameter ``name`` belongs to a module whose own name holds "norm"."""
+    parts = name.rsplit(".", 2)
+    return len(parts) > 1 and "norm" in parts[-2]
+
+
+def keyed_parameters(model: nn.Module, seed: int):
+    """``((name, parameter), key)`` for every parameter of ``model`` in name order, each key
+    split from ``seed``."""
+    params = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
+    return zip(params, mx.random.split(mx.random.key(seed), len(params)))
+
+
+def random_value(name, shape, key, *, around_one=False, small=False, tables=("embed",)):
+    """One parameter's draw: 1 + 0.1 N for a scale vector (``around_one``), 0.05 N for other
+    vectors and for ``small`` tensors, else N / sqrt(fan-in), the fan-in 1 for a name holding
+    one of ``tables`` (drawn at unit scale)."""
+    if len(shape) <= 1 and around_one:
+        return 1.0 + 0.1 * mx.random.normal(shape, key=key)
+    if len(shape) <= 1 or small:
+        return 0.05 * mx.random.normal(shape, key=key)
+    fan_in = 1 if any(t in name for t in tables) else math.prod(shape[1:])
+    return mx.random.normal(shape, key=key) / math.sqrt(fan_in)
 
 
 def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: int = 0):
     """Deterministic random values for every parameter of ``model`` (MLX layout)."""
-    key = mx.random.key(seed)
-    params = tree_flatten(model.parameters())
     out: Dict[str, mx.array] = {}
     vocab = config.text_args.vocab_size
     codebook = config.tts_config.codebook_size
-    keys = mx.random.split(key, len(params))
-    for i, (name, p) in enumerate(sorted(params, key=lambda kv: kv[0])):
-        k = keys[i]
+    for (name, p), k in keyed_parameters(model, seed):
         shape = p.shape
         if p.dtype in (mx.int32, mx.int64, mx.uint32):
             out[name] = _int_buffer(name, shape, config, tokenizer, vocab, codebook, k)
@@ -45,15 +63,9 @@ def random_weights(model: nn.Module, config: VoiceChatConfig, tokenizer, seed: i
             out[name] = mx.log(mx.random.uniform(1.0, 16.0, shape, key=k))
         elif name.endswith("mixer.D"):
             out[name] = mx.ones(shape)
-        elif len(shape) <= 1 and (_is_norm(name) or name.endswith((".gate",))):
-            out[name] = 1.0 + 0.1 * mx.random.normal(shape, key=k)
-        elif len(shape) <= 1:
-            out[name] = 0.05 * mx.random.normal(shape, key=k)
         else:
-            # Tables (embeddings, codebooks, latents) are drawn at unit scale.
-            table = any(t in name for t in ("embed", "rvq", "mus_list", "latents"))
-            fan_in = 1 if table else math.prod(shape[1:])
-            out[name] = mx.random.normal(shape, key=k) / math.sqrt(fan_in)
+            around_one = is_norm(name) or name.endswith(".gate")
+            out[name] = random_value(name, shape, k, around_one=around_one, tables=_TABLES)
         out[name] = out[name].astype(p.dtype)
     return out
 

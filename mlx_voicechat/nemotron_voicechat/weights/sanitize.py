@@ -63,8 +63,9 @@ def _to_mlx_layout(v: mx.array, want: Tuple[int, ...], transposed: bool) -> Opti
     return None
 
 
-def rename(key: str) -> str:
-    for pattern, repl in RENAMES:
+def rename(key: str, rules=RENAMES) -> str:
+    """``key`` through each (pattern, replacement) of ``rules`` in order."""
+    for pattern, repl in rules:
         key = pattern.sub(repl, key)
     return key
 

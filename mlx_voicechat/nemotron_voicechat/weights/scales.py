@@ -5,14 +5,13 @@ Only widths, layer counts, codebook size and vocabulary shrink; the rest is the 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from ...config import NEMOTRON_NANO_9B_V2, VoiceChatConfig
 from ...errors import VoiceChatError
 
 # <SPECIAL_20> / <SPECIAL_21> open and close a tool call on the function channel.
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<SPECIAL_{i}>" for i in range(3, 24)]
-RNNT_SPECIALS = ["<unk>"]
 
 _CORPUS = (
     "What is the capital of France? The capital of France is Paris. "
@@ -95,7 +94,7 @@ SCALES = ("tiny", "small", "medium", "full")
 def scale_config(scale: str = "tiny") -> VoiceChatConfig:
     """The config of a named scale; ``full`` is the real 11B model."""
     if scale == "full":
-        return VoiceChatConfig(rnnt_vocabulary=_rnnt_pieces(1024))
+        return VoiceChatConfig(rnnt_vocabulary=letter_pieces(1024, tail=["<en-US>"]))
     if scale not in SCALES:
         raise VoiceChatError(f"unknown scale {scale!r}; choose one of {', '.join(SCALES)}")
     i = SCALES.index(scale)
@@ -128,7 +127,7 @@ def scale_config(scale: str = "tiny") -> VoiceChatConfig:
             "mog_head": mog,
         },
         "codec_config": {**codec, "num_quantizers": 31},
-        "rnnt_vocabulary": _rnnt_pieces(rnnt["vocab"]),
+        "rnnt_vocabulary": letter_pieces(rnnt["vocab"], tail=["<en-US>"]),
     }
     return VoiceChatConfig.from_dict(d)
 
@@ -170,16 +169,13 @@ def tokenizer_config() -> Dict[str, Any]:
 _LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
 
-def _rnnt_pieces(n: int) -> List[str]:
-    """A SentencePiece-like RNNT vocabulary of n pieces (index 0 = <unk>)."""
-    pieces = RNNT_SPECIALS + ["\u2581"] + _LETTERS + ["\u2581" + c for c in _LETTERS]
-    return letter_pieces(pieces + ["'", ",", ".", "?", "<en-US>"], n)
-
-
-def letter_pieces(pieces: List[str], n: int) -> List[str]:
-    """``pieces`` filled up to ``n`` with two-letter pieces (``aa``, ``ba``, ..., then with a
-    word-start mark, then numbered), or cut to ``n``."""
-    pieces = list(pieces)
+def letter_pieces(n: int, tags: Sequence[str] = (), tail: Sequence[str] = ()) -> List[str]:
+    """A SentencePiece-like vocabulary of ``n`` pieces: ``<unk>`` (index 0), the word-start mark,
+    ``tags``, the letters alone and word-initial, punctuation, ``tail``, filled up with
+    two-letter pieces (``aa``, ``ba``, ..., then with a word-start mark, then numbered), or cut
+    to ``n``."""
+    pieces = ["<unk>", "\u2581", *tags] + _LETTERS + ["\u2581" + c for c in _LETTERS]
+    pieces += ["'", ",", ".", "?", *tail]
     i = 0
     while len(pieces) < n:
         a, b = _LETTERS[i % 26], _LETTERS[(i // 26) % 26]

@@ -91,14 +91,27 @@ def quantize_like_mlx_community(model: nn.Module, bits: int, group_size: int, sc
     """Quantize ``model`` (of the named ``scale``) in place as the mlx-community checkpoints are
     (:func:`quantization_map`) and return the map; a VoiceChatError when no matrix qualifies."""
     quant_map = quantization_map(model, bits, group_size)
-    listed = set(listed_modules(quant_map))
+    quantize_listed(model, listed_modules(quant_map), bits, group_size, f"{scale} model")
+    return quant_map
+
+
+def quantize_listed(model: nn.Module, listed, bits: int, group_size: int, what: str) -> None:
+    """Quantize the ``listed`` module paths of ``model`` in place; a VoiceChatError naming
+    ``what`` (e.g. "tiny model") when the list is empty."""
     if not listed:
         raise VoiceChatError(
-            f"no matrix of the {scale} model has an input width divisible by group size "
+            f"no matrix of the {what} has an input width divisible by group size "
             f"{group_size}; pick a smaller group size"
         )
+    listed = set(listed)
     nn.quantize(model, group_size=group_size, bits=bits, class_predicate=lambda p, m: p in listed)
-    return quant_map
+
+
+def cast_floats(weights: Mapping[str, mx.array], dtype) -> Dict[str, mx.array]:
+    """``weights`` with every floating tensor cast to ``dtype`` (integer buffers kept)."""
+    return {
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
+    }
 
 
 # --- config -----------------------------------------------------------------------------
