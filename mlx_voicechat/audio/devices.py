@@ -129,10 +129,17 @@ class _Stream(_Closing):
 
     def _open(self, sd, cls, name: str, device, rate: int, **kw) -> None:
         try:
-            self._stream = cls(device=device, channels=1, dtype="float32", samplerate=rate, **kw)
-            self._stream.start()
+            stream = cls(device=device, channels=1, dtype="float32", samplerate=rate, **kw)
         except (sd.PortAudioError, ValueError) as e:
             raise DeviceError(f"cannot open {name} at {rate} Hz: {e}") from None
+        try:
+            stream.start()
+        except BaseException as e:  # a stream that opened and did not start is closed
+            stream.close()
+            if isinstance(e, (sd.PortAudioError, ValueError)):
+                raise DeviceError(f"cannot start {name} at {rate} Hz: {e}") from None
+            raise
+        self._stream = stream
 
     def close(self) -> None:
         self._stream.stop()

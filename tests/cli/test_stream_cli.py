@@ -347,3 +347,39 @@ def test_speaker_queue_plays_in_order_and_silence_when_empty():
     assert out.tolist() == [5, 0, 0] and len(q) == 0 and q.underruns == 1
     q.fill(out)
     assert out.tolist() == [0, 0, 0] and q.underruns == 1
+
+
+def test_a_device_stream_that_does_not_start_is_closed(monkeypatch):
+    """PortAudio opened the stream and could not start it: one DeviceError, and the stream
+    closed (not left holding the device)."""
+    streams = []
+
+    class PortAudioError(Exception):
+        pass
+
+    class Stream:
+        def __init__(self, **kw):
+            self.closed = False
+            streams.append(self)
+
+        def start(self):
+            raise PortAudioError("Device unavailable")
+
+        def close(self):
+            self.closed = True
+
+    sd = SimpleNamespace(
+        PortAudioError=PortAudioError,
+        query_devices=lambda device, kind: {
+            "name": "fake", f"max_{kind}_channels": 1, "default_samplerate": 48000.0
+        },
+        check_input_settings=lambda **kw: None,
+        InputStream=Stream,
+        OutputStream=Stream,
+    )
+    monkeypatch.setitem(sys.modules, "sounddevice", sd)
+    with pytest.raises(DeviceError, match="cannot start microphone 'fake' at 16000 Hz: Device"):
+        devices.open_microphone()
+    with pytest.raises(DeviceError, match="cannot start speaker 'fake' at 22050 Hz: Device"):
+        devices.open_speaker(None, 22050)
+    assert [s.closed for s in streams] == [True, True]

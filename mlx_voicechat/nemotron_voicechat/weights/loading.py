@@ -5,7 +5,6 @@ strict and never touches the network for a local path.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -59,7 +58,10 @@ def resolve_path(
 def read_config(folder: Path) -> Dict[str, Any]:
     path = folder / "config.json"
     if not path.exists():
-        raise CheckpointError(f"{folder} has no config.json; is it a VoiceChat checkpoint folder?")
+        raise CheckpointError(
+            f"{folder} has no config.json: it is not a VoiceChat or Nemotron-3.5-ASR checkpoint "
+            "folder"
+        )
     raw = read_json(path, CheckpointError)
     if not isinstance(raw, dict):
         raise CheckpointError(
@@ -71,12 +73,15 @@ def read_config(folder: Path) -> Dict[str, Any]:
 def weight_files(folder: Path) -> List[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        try:
-            with open(index, encoding="utf-8") as f:
-                names = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
-        files = [folder / n for n in names]
+        raw = read_json(index, CheckpointError)
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        names = list(weight_map.values()) if isinstance(weight_map, dict) else []
+        if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+            raise CheckpointError(
+                f"{index} is not a valid safetensors index: it needs a non-empty \"weight_map\" "
+                "object from tensor names to weight file names in its folder"
+            )
+        files = [folder / n for n in sorted(set(names))]
         for f in files:
             if not f.exists():
                 raise CheckpointError(f"{index} lists {f.name}, which is missing from {folder}")

@@ -310,3 +310,15 @@ def test_factory_writes_the_release_key_set_and_layouts(tiny_checkpoints, oracle
     # Only vocabulary-sized tensors may differ (the factory's tokenizer is its own).
     assert all("embed_subword" in k or "rnnt" in k or "embed_tokens" in k or "head" in k
                for k in diff), diff
+
+
+@pytest.mark.parametrize(
+    "index",
+    [[], {"metadata": {}}, {"weight_map": []}, {"weight_map": {}}, {"weight_map": {"a": 3}},
+     {"weight_map": {"a": "../model.safetensors"}}],
+)
+def test_a_malformed_safetensors_index_is_one_clear_error(tmp_path, tiny_checkpoints, index):
+    d = _copy(tiny_checkpoints["nvidia"], tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="is not a valid safetensors index: it needs"):
+        load(d)
