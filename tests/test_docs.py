@@ -190,3 +190,14 @@ def test_commands_shown_exist():
             ]
     assert not problems, "\n".join(problems)
     assert readme_verbs == set(sub.choices), "README shows an example of every verb"
+
+
+def test_operating_md_lists_every_metrics_series():
+    """docs/operating.md's table of series names each one the server records, with its
+    Prometheus name (a counter's with ``_total``), and no other."""
+    from mlx_voicechat.serve.metrics import PREFIX, SERIES
+
+    text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(voicechat_\w+)` \|", text, re.M))
+    names = {PREFIX + n + ("_total" if k == "counter" else "") for n, (k, *_) in SERIES.items()}
+    assert listed == names

@@ -66,6 +66,13 @@ SERIES = {
         None,
     ),
     "error_events": ("counter", "error events sent to clients, by error code.", ("code",), None),
+    "webrtc_audio_gap_seconds": (
+        "counter",
+        "Seconds of WebRTC callers' audio heard as silence: kind is missing (packets lost, or "
+        "not sent while the caller was muted or silent) or late (came after its time).",
+        ("kind",),
+        None,
+    ),
     "tool_calls": (
         "counter",
         "Tool calls: outcome is called (sent to the client), answered (its output was "
@@ -166,6 +173,10 @@ class Metrics:
 
     def tool_call(self, outcome: str) -> None:
         self._count("tool_calls", outcome=outcome)
+
+    def audio_gap(self, kind: str, seconds: float) -> None:
+        """A WebRTC caller's audio that the model hears as silence (``missing`` or ``late``)."""
+        self._count("webrtc_audio_gap_seconds", seconds, kind=kind)
 
     def lag(self, seconds: float) -> None:
         self._observe("lag_seconds", max(0.0, seconds))

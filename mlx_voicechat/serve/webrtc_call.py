@@ -199,8 +199,6 @@ class RtcConversation(Conversation):
         self._out_resampler = None
         self._playing: Optional[str] = None  # the response whose audio is on the track
         self._stop_pending: Optional[str] = None  # its audio is all queued: stopped when played
-        # seconds of the client's audio lost on the way (heard as silence) and come too late
-        self.concealed = self.dropped = 0.0
 
     # server events: the model's audio to the track, the rest to the data channel
     def send(self, events) -> None:
@@ -293,9 +291,9 @@ class RtcConversation(Conversation):
             queued = self.position / MODEL_INPUT_RATE  # audio and clock silence queued so far
             if at - queued > GAP_SECONDS:  # lost packets (or DTX): their time is silence
                 self._audio(np.zeros(int((at - queued) * MODEL_INPUT_RATE), np.float32), True)
-                self.concealed += at - queued
+                self.server.metrics.audio_gap("missing", at - queued)
             elif queued - at > GAP_SECONDS:  # late: the clock filled its place already
-                self.dropped += min(queued - at, x.size / rate)
+                self.server.metrics.audio_gap("late", min(queued - at, x.size / rate))
                 x = x[int((queued - at) * rate) :]
             if x.size:
                 y = resampler(x)

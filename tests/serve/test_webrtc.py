@@ -375,27 +375,6 @@ def test_without_aiortc_the_endpoint_says_what_to_install(served, monkeypatch, o
     assert state(served) == (0, 0)
 
 
-def test_the_jitter_buffer_never_waits_on_a_lost_packet():
-    """Each packet is decoded as it comes; a lost one holds nothing back, a late one is
-    dropped (its time is heard as silence)."""
-    from aiortc.rtp import RtpPacket
-
-    from mlx_voicechat.serve.webrtc import LiveJitterBuffer
-
-    buffer = LiveJitterBuffer()
-
-    def packet(seq):
-        p = RtpPacket(payload_type=111, sequence_number=seq % 65536, timestamp=960 * seq)
-        p._data = bytes([seq % 256])
-        return p
-
-    released = [buffer.add(packet(s))[1] for s in (65534, 65535, 65537, 65538, 65536)]
-    assert [f and f.timestamp for f in released[:4]] == [
-        960 * s for s in (65534, 65535, 65537, 65538)
-    ]
-    assert released[4] is None and buffer.late == 1
-
-
 def test_a_web_apps_page_on_another_origin_may_call(model, worker, offers):  # noqa: F811
     """CORS for an origin the server allows: the preflight, then the answer (its Location
     readable by the page); another origin gets neither."""
