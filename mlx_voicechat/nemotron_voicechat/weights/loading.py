@@ -76,7 +76,8 @@ def weight_files(folder: Path) -> List[Path]:
         raw = read_json(index, CheckpointError)
         weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
         names = list(weight_map.values()) if isinstance(weight_map, dict) else []
-        if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        plain = all(isinstance(n, str) and n != ".." and Path(n).name == n for n in names)
+        if not names or not plain:  # a plain file name in the folder, never a path out of it
             raise CheckpointError(
                 f"{index} is not a valid safetensors index: it needs a non-empty \"weight_map\" "
                 "object from tensor names to weight file names in its folder"

@@ -315,7 +315,7 @@ def test_factory_writes_the_release_key_set_and_layouts(tiny_checkpoints, oracle
 @pytest.mark.parametrize(
     "index",
     [[], {"metadata": {}}, {"weight_map": []}, {"weight_map": {}}, {"weight_map": {"a": 3}},
-     {"weight_map": {"a": "../model.safetensors"}}],
+     {"weight_map": {"a": "../model.safetensors"}}, {"weight_map": {"a": ".."}}],
 )
 def test_a_malformed_safetensors_index_is_one_clear_error(tmp_path, tiny_checkpoints, index):
     d = _copy(tiny_checkpoints["nvidia"], tmp_path / "m")
