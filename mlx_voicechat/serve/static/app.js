@@ -616,6 +616,8 @@
         vc.framesPlayed = vc.framesReceived;
       }
     });
+    // Shown at once: what the page reports and what it shows stay the same.
+    if (conn === c) updateMetrics();
   }
 
   // Close the call; with hangup, tell the server (resolves once it answered, at most 2 s).
