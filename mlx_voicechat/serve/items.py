@@ -24,19 +24,26 @@ class ItemRecord:
         self.sizes: Dict[str, int] = {}  # item id -> characters of its JSON
         self.chars = 0
         self.last: Optional[str] = None  # the item added last
+        self.before: Dict[str, Optional[str]] = {}  # item id -> the item added just before it
 
     def prev(self, item_id: str) -> Optional[str]:
-        return None if self.last == item_id else self.last
+        """The item before ``item_id`` in the conversation (``None`` for the first)."""
+        return self.before.get(item_id)
 
     def add(self, item: dict) -> Event:
+        self.before[item["id"]] = self.last
+        while len(self.before) > 2 * MAX_ITEMS:  # bounded like the items (deleted ones too)
+            del self.before[next(iter(self.before))]
         event = self._event("conversation.item.added", previous_item_id=self.last, item=item)
         self.last = item["id"]
         self._keep(item)
         return event
 
     def done(self, item: dict) -> Event:
+        """An item's final state, kept for ``retrieve`` and sent."""
         self._keep(item)
-        return self._event("conversation.item.done", previous_item_id=None, item=item)
+        previous = self.prev(item["id"])
+        return self._event("conversation.item.done", previous_item_id=previous, item=item)
 
     def _keep(self, item: dict) -> None:
         if item["id"] in self.items:

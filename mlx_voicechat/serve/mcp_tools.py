@@ -251,7 +251,7 @@ class McpTools:
         self._rename()
         events = [
             p._event("mcp_list_tools.completed", item_id=s.item_id),
-            p._event("conversation.item.done", previous_item_id=None, item=self._list_item(s)),
+            p.responses.record.done(self._list_item(s)),
         ]
         return events, p._restart()
 
@@ -282,7 +282,7 @@ class McpTools:
         p.responses.responses_done += 1
         obj = p.responses.response_object("completed", [item], r={"id": rid})
         return [p._event("response.output_item.done", response_id=rid, output_index=0, item=item),
-                p._event("conversation.item.done", previous_item_id=None, item=item),
+                p.responses.record.done(item),
                 p._event("response.done", response=obj)]
 
     def call(self, call) -> List[Event]:
@@ -366,7 +366,7 @@ class McpTools:
                 "approval_request_id": request, "approve": approve,
                 "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
         events = [p.responses.record.add(done),
-                  p._event("conversation.item.done", previous_item_id=None, item=done)]
+                  p.responses.record.done(done)]
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
             refused = json.dumps({"error": f"the user did not approve the call{why}"})

@@ -54,6 +54,29 @@ def test_text_messages_join_the_conversation_and_system_ones_the_instructions():
         )
 
 
+def test_previous_item_id_names_the_item_just_before():
+    p, _ = started()
+    for name in ("item_a", "item_b"):
+        send(p, type="conversation.item.create", item=text_item("user", "hi", id=name))
+    # the user's speech opens its item; a client's item joins the conversation after it
+    p.frames([frame(0, transcript="hel")])
+    opened = p.responses.user_item
+    added, _ = send(p, type="conversation.item.create", item=text_item("user", "x", id="item_c"))
+    assert [e["previous_item_id"] for e in added] == [opened, opened]
+    events, _ = send(p, type="input_audio_buffer.commit")
+    assert events == [dict(events[0], type="input_audio_buffer.committed", item_id=opened,
+                           previous_item_id="item_b")]
+    events = p.frames([frame(1, turn="start", speaking=True)])  # completes the user's item
+    (done,) = [e for e in events if e["type"] == "conversation.item.done"]
+    assert done["item"]["id"] == opened and done["previous_item_id"] == "item_b"
+    # a commit that opens the user's item: the item before it is the model's last one
+    p.frames([frame(2, turn="end", speaking=True)])
+    said = p.responses.record.last
+    events, _ = send(p, type="input_audio_buffer.commit")
+    assert events[0]["type"] == "conversation.item.added"
+    assert events[1]["previous_item_id"] == said == events[0]["previous_item_id"]
+
+
 def test_retrieve_and_delete_answer_from_the_tracked_items():
     p, _ = started()
     item = text_item("user", "hello", id="item_mine")

@@ -73,6 +73,9 @@ def _listed(p):
     done, commands = p.mcp.listed("calc", [ADD])
     assert [e["type"] for e in done] == ["mcp_list_tools.completed", "conversation.item.done"]
     assert done[1]["item"]["tools"][0]["name"] == "add" and commands == []
+    # the listing item's final state is the one retrieve answers with
+    (got,) = send(p, type="conversation.item.retrieve", item_id=job.server.item_id)[0]
+    assert got["item"]["tools"][0]["name"] == "add"
     return events + done
 
 
@@ -99,6 +102,8 @@ def test_list_then_a_call_run_by_the_server_with_openai_events():
         "response.done"]
     assert done[1]["item"]["output"] == "2" and done[3]["response"]["output"][0]["output"] == "2"
     assert commands == [ToolResult("call_1", "2")]  # the result goes to the model
+    (got,) = send(p, type="conversation.item.retrieve", item_id=job.item_id)[0]
+    assert got["item"]["output"] == "2" and got["item"]["arguments"] == '{"a":1}'
     failed, commands = p.mcp.finished(job, "", "the tool 'add' did not answer within 30 s",
                                       "timeout")
     assert failed[0]["type"] == "response.mcp_call.failed"
