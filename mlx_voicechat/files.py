@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,39 @@ def read_json(path, error: Type[Exception], name: Optional[str] = None) -> Any:
         raise error(f"cannot read {name}: {e.strerror or e}") from None
     except ValueError as e:
         raise error(f"{name} is not valid JSON: {e}") from None
+
+
+def write_file(target: Path, data: bytes, error: Type[Exception], name) -> None:
+    """Write ``data`` to ``target`` without destroying anything: a regular file is written as a
+    temporary file beside it, then renamed over it, keeping a replaced file's permissions and
+    (where allowed) owner; a character device or FIFO is written through. An ``OSError`` is one
+    ``error`` naming the file as ``name``."""
+    tmp = None
+    try:
+        try:
+            st: Optional[os.stat_result] = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, "wb") as f:
+                f.write(data)
+            return
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if st is None:
+            os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private
+        else:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+            if (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+                with contextlib.suppress(OSError):  # not permitted: ours, with its old mode
+                    os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise error(f"cannot write {name}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 @contextlib.contextmanager

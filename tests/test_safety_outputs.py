@@ -155,6 +155,31 @@ def test_replaced_file_keeps_its_permissions(tiny, question, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.wav"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+@pytest.mark.parametrize("writer", ["wav", "plot"])
+def test_a_replaced_file_keeps_its_owner(writer, tmp_path):
+    """An output written over another user's file (root writing a user's) stays that user's."""
+    import numpy as np
+
+    from mlx_voicechat.audio.io import save_wav
+    from mlx_voicechat.nemotron_voicechat.runtime import plot
+
+    out = tmp_path / f"r.{'png' if writer == 'plot' else 'wav'}"
+    out.write_bytes(b"old")
+    os.chown(out, 4321, 4322)
+    out.chmod(0o640)
+    if writer == "wav":
+        save_wav(out, np.zeros(1764, np.float32), 22050)
+    else:
+        timeline = plot.Timeline(np.zeros(1600, np.float32), 16000, np.zeros(1764, np.float32),
+                                 22050, 0.08, 1)
+        plot.save(timeline, out)
+    st = out.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4321, 4322, 0o640)
+    assert out.read_bytes() != b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
 def test_output_that_is_the_input_is_refused(ckpt, question, tmp_path, capsys):
     audio = tmp_path / "q.wav"
     shutil.copy(question, audio)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -17,7 +16,7 @@ from typing import Optional, Union
 import numpy as np
 
 from ..errors import VoiceChatError
-from ..files import current_umask
+from ..files import write_file
 
 INPUT_SAMPLE_RATE = 16000  # Hz, the listening path's rate
 MAX_CHANNELS = 8  # a 2-D array whose first axis is at most this long may be channels-first
@@ -268,42 +267,10 @@ def save_wav(path: Union[str, os.PathLike], samples, sample_rate: int) -> Path:
     if not np.all(np.isfinite(samples)):
         raise AudioError(f"cannot write {path}: audio contains NaN or infinite samples")
     pcm = np.clip(np.round(samples * PCM16_SCALE), -PCM16_SCALE, PCM16_SCALE - 1).astype(np.int16)
+    buf = io.BytesIO()
     try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):  # a device or FIFO: write through
-        buf = io.BytesIO()
         sf.write(buf, pcm, int(sample_rate), subtype="PCM_16", format="WAV")
-        try:
-            with open(target, "wb") as f:
-                f.write(buf.getvalue())
-        except OSError as e:
-            raise AudioError(f"cannot write {path}: {e.strerror or e}") from None
-        return path
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as e:
-        raise AudioError(f"cannot write {path}: {e.strerror or e}") from None
-    os.close(fd)
-    try:
-        if st is None:
-            os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private
-        else:
-            os.chmod(tmp, stat.S_IMODE(st.st_mode))
-            if (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
-                try:
-                    os.chown(tmp, st.st_uid, st.st_gid)
-                except OSError:
-                    pass  # not permitted: the file becomes ours, with its old mode
-        try:
-            sf.write(tmp, pcm, int(sample_rate), subtype="PCM_16", format="WAV")
-            os.replace(tmp, target)
-        except Exception as e:
-            reason = getattr(e, "strerror", None) or _reason(e)
-            raise AudioError(f"cannot write {path}: {reason}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    except Exception as e:
+        raise AudioError(f"cannot write {path}: {_reason(e)}") from None
+    write_file(target, buf.getvalue(), AudioError, path)
     return path

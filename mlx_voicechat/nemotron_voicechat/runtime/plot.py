@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import io
 import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
 from ...errors import VoiceChatError
-from ...files import current_umask
+from ...files import write_file
 
 PLOT_EXTRA = "pip install 'mlx-voicechat[plot]'"
 INCHES_PER_SECOND = 2.0  # 80 ms frames are 0.16 in apart: room for a short word on 4 levels
@@ -267,30 +265,5 @@ def save(timeline: Timeline, path) -> Path:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    _write_bytes(path, target, buf.getvalue())
+    write_file(target, buf.getvalue(), PlotError, path)
     return path
-
-
-def _write_bytes(path: Path, target: Path, data: bytes) -> None:
-    try:
-        st: Optional[os.stat_result] = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    try:
-        if st is not None and not stat.S_ISREG(st.st_mode):  # a device or FIFO: write through
-            with open(target, "wb") as f:
-                f.write(data)
-            return
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as e:
-        raise PlotError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~current_umask())
-        os.replace(tmp, target)
-    except OSError as e:
-        raise PlotError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
