@@ -62,8 +62,10 @@ class SessionBatch:
         """A new conversation's options, checked, if the batch has room for it."""
         if len(self._handles) >= self.max_sessions:
             raise SessionError(f"the batch holds its {self.max_sessions} sessions; close one first")
-        for name in set(options) - set(SESSION_OPTIONS):
-            raise SessionError(f"a session has no option {name!r}: {', '.join(SESSION_OPTIONS)}")
+        unknown = sorted(set(options) - set(SESSION_OPTIONS))
+        if unknown:
+            raise SessionError(f"a session has no option {', '.join(map(repr, unknown))}: it "
+                               f"takes {', '.join(SESSION_OPTIONS)}")
         note_mlx_thread()
         request = resolve(self.model, system_prompt, **options)
         codec = self.model.tts_model.audio_codec

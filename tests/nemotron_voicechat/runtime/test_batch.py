@@ -240,6 +240,9 @@ def test_bad_input_to_one_conversation_is_its_error_only(tiny):
     out = batch.step()
     for k, (h, s) in enumerate(zip(good, scripts)):
         _same(events[k] + out[h], alone(tiny, s))
+    # unknown options: every one named, in one order whatever the hash seed
+    with pytest.raises(SessionError, match=r"no option 'speed', 'temperature': it takes seed"):
+        batch.open("", temperature=0.7, seed=0, speed=1.0)
     with pytest.raises(SessionError, match="holds its 4 sessions"):
         for _ in range(2):
             batch.open("", seed=0)
