@@ -370,18 +370,13 @@ def open_state(model, request: Request, progress=None) -> FrameState:
     return snap.copy()
 
 
-def open_live(model, state: FrameState) -> FrameState:
-    """Add what a live conversation also carries: the encoder's context, the RNNT's
-    prediction state (before its first token) and the codec's decode state."""
-    stt = model.stt_model
-    state.encoder = RowCaches([stt.perception.encoder.make_cache()])
-    state.rnnt = start_rnnt(model)
-    state.codec = model.tts_model.audio_codec.make_decode_cache()
+def open_live(model, state: FrameState, *, listen: bool = True, decode: bool = True) -> FrameState:
+    """Add what a live conversation also carries: with ``listen``, the encoder's context and
+    the RNNT's prediction state (before its first token); with ``decode``, the codec's decode
+    state."""
+    if listen:
+        state.encoder = RowCaches([model.stt_model.perception.encoder.make_cache()])
+        state.rnnt = RNNTState.of(*model.rnnt_frames.start())
+    if decode:
+        state.codec = model.tts_model.audio_codec.make_decode_cache()
     return state
-
-
-
-
-def start_rnnt(model) -> RNNTState:
-    """The RNNT's prediction state of a stream before its first token."""
-    return RNNTState.of(*model.rnnt_frames.start())
