@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import GenerationError, SessionError
+from ...listen.textstream import dropped_ids
 from .events import FrameEvent
 from .generate import GenerationResult
 
@@ -119,8 +120,7 @@ class VoiceChatStreamingSession:
         self.output_sample_rate = s.output_sample_rate
         self.frame_samples = s.input_samples_per_frame
         self.max_frames = None if max_streaming_seconds is None else s.max_frames
-        cfg = self.config
-        self._special = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
+        self._special = dropped_ids(self.config)
         self._text = self._function = self._transcript = ""
         self._tail = np.zeros(0, np.float32)
         self._closed: Optional[str] = None  # "flush", "cancel" or "max_streaming_seconds"

@@ -21,6 +21,7 @@ from ...audio.mel import MelStream
 from ...errors import GenerationError, is_int
 from ...listen.greedy import greedy_decode
 from ...listen.rnnt import decode_pieces
+from ...listen.textstream import dropped_ids
 from ...noise import NoiseSource
 from ...threads import note_mlx_thread
 from ..nets.codec import replace_control_codes
@@ -75,8 +76,7 @@ class GenerationResult:
 
 def reply_text(model, ids: Sequence[int]) -> str:
     """Decode ids with pad, silence, bos and eos removed (spec step 7)."""
-    cfg = model.config
-    drop = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
+    drop = dropped_ids(model.config)
     keep = [int(i) for i in ids if int(i) not in drop]
     if not keep:
         return ""
