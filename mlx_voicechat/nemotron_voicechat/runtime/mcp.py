@@ -148,12 +148,8 @@ class MCPClient:
     it started and the thread."""
 
     def __init__(
-        self,
-        *,
-        timeout: float = DEFAULT_TOOL_TIMEOUT,
-        max_result_chars: int = MAX_RESULT_CHARS,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        start_timeout: float = START_TIMEOUT,
+        self, *, timeout: float = DEFAULT_TOOL_TIMEOUT, max_result_chars: int = MAX_RESULT_CHARS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES, start_timeout: float = START_TIMEOUT,
     ):
         require_sdk()
         if not timeout > 0:

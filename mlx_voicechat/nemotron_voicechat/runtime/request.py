@@ -115,13 +115,8 @@ def check_max_seconds(max_seconds) -> Optional[float]:
 
 
 def resolve(
-    model,
-    system_prompt: Optional[str] = None,
-    *,
-    prompt: Optional[Sequence[int]] = None,
-    tools: Optional[Sequence[Any]] = None,
-    seed: int = 0,
-    noise: Optional[NoiseSource] = None,
+    model, system_prompt: Optional[str] = None, *, prompt: Optional[Sequence[int]] = None,
+    tools: Optional[Sequence[Any]] = None, seed: int = 0, noise: Optional[NoiseSource] = None,
     max_seconds: Optional[float] = None,
 ) -> Request:
     """Check a conversation's options once and resolve them into a :class:`Request`."""
