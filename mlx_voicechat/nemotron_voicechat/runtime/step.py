@@ -264,9 +264,7 @@ def _thread_stream(registry: threading.local) -> mx.Stream:
     MLX streams belong to the thread that made them."""
     device = mx.default_device()
     key = str(device)
-    streams = getattr(registry, "by_device", None)
-    if streams is None:
-        streams = registry.by_device = {}
+    streams = vars(registry).setdefault("by_device", {})  # the calling thread's own
     stream = streams.get(key)
     if stream is None:
         note_mlx_thread()
