@@ -24,12 +24,7 @@ from .generate import GenerationResult
 
 #: The ``kind`` values of :class:`VoiceChatEvent`, as in mlx-audio.
 EVENT_KINDS = (
-    "assistant_text_delta",
-    "function_delta",
-    "user_transcript_delta",
-    "audio",
-    "done",
-    "cancelled",
+    "assistant_text_delta", "function_delta", "user_transcript_delta", "audio", "done", "cancelled"
 )
 
 #: mlx-audio's name for the offline result: ours answers to its field names too

@@ -250,16 +250,9 @@ def generate(
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
     calls, call_errors = calls_in(request.parser, function_ids)
     return GenerationResult(
-        user_transcript=transcript,
-        text=reply_text(model, text_ids),
-        function_text=reply_text(model, function_ids),
-        text_ids=text_ids,
-        function_ids=function_ids,
-        codes=all_codes,
-        audio=wave,
-        sample_rate=cfg.output_sample_rate,
-        frames=F,
-        seconds=F * cfg.frame_duration,
-        tool_calls=calls,
-        tool_errors=call_errors,
+        user_transcript=transcript, text=reply_text(model, text_ids),
+        function_text=reply_text(model, function_ids), text_ids=text_ids,
+        function_ids=function_ids, codes=all_codes, audio=wave,
+        sample_rate=cfg.output_sample_rate, frames=F, seconds=F * cfg.frame_duration,
+        tool_calls=calls, tool_errors=call_errors,
     )

@@ -147,11 +147,6 @@ def resolve(
     if max_seconds is not None:
         room = min(room, max(1, int(max_seconds / cfg.frame_duration)))
     return Request(
-        prompt_ids=ids,
-        seed=seed if noise is None else 0,
-        noise=noise,
-        tools=normalized,
-        max_frames=room,
-        context=context,
-        parser=parser,
+        prompt_ids=ids, seed=seed if noise is None else 0, noise=noise, tools=normalized,
+        max_frames=room, context=context, parser=parser,
     )

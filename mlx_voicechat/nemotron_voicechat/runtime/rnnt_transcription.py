@@ -12,12 +12,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from ...audio.stream import AudioIn
-from ...listen.events import (
-    TranscriptEvent,
-    TranscriptEvents,
-    TranscriptionError,
-    close_events,
-)
+from ...listen.events import TranscriptEvent, TranscriptEvents, TranscriptionError, close_events
 from .framestate import FrameState, open_live
 from .step import ReadLayout, read, step
 
