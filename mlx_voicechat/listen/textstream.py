@@ -5,20 +5,20 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Set
 
 from .rnnt import LANGUAGE_TAG, SPECIAL_PIECES, WORD_BOUNDARY
+
+
+def dropped_ids(config) -> Set[int]:
+    """The ids that are no text of a reply: pad, silence, bos and eos (spec step 7)."""
+    return {config.pad_token_id, config.silence_token_id, config.bos_token_id, config.eos_token_id}
 
 
 class TextStream:
     def __init__(self, model, config):
         self.tokenizer = model.tokenizer
-        self.drop = {
-            config.pad_token_id,
-            config.silence_token_id,
-            config.bos_token_id,
-            config.eos_token_id,
-        }
+        self.drop = dropped_ids(config)
         self._stream = None
         self._backend = None
         self._ids = []  # only without a streaming decoder: the kept ids so far

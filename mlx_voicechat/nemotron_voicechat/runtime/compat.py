@@ -18,17 +18,13 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import GenerationError, SessionError
+from ...listen.textstream import dropped_ids
 from .events import FrameEvent
 from .generate import GenerationResult
 
 #: The ``kind`` values of :class:`VoiceChatEvent`, as in mlx-audio.
 EVENT_KINDS = (
-    "assistant_text_delta",
-    "function_delta",
-    "user_transcript_delta",
-    "audio",
-    "done",
-    "cancelled",
+    "assistant_text_delta", "function_delta", "user_transcript_delta", "audio", "done", "cancelled"
 )
 
 #: mlx-audio's name for the offline result: ours answers to its field names too
@@ -87,15 +83,9 @@ class VoiceChatStreamingSession:
     """mlx-audio's streaming session over our :class:`Session` (``self.session``)."""
 
     def __init__(
-        self,
-        parent: VoiceChatSession,
-        *,
-        system_prompt: Optional[str] = None,
-        seed: int = 0,
-        max_streaming_seconds: Optional[float] = None,
-        use_language_cache: bool = True,
-        use_perception_cache: bool = True,
-        **options,
+        self, parent: VoiceChatSession, *, system_prompt: Optional[str] = None, seed: int = 0,
+        max_streaming_seconds: Optional[float] = None, use_language_cache: bool = True,
+        use_perception_cache: bool = True, **options,
     ):
         # Both caches are always on in ours (the results are the same either way in theirs).
         _flag("use_language_cache", use_language_cache)
@@ -119,8 +109,7 @@ class VoiceChatStreamingSession:
         self.output_sample_rate = s.output_sample_rate
         self.frame_samples = s.input_samples_per_frame
         self.max_frames = None if max_streaming_seconds is None else s.max_frames
-        cfg = self.config
-        self._special = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
+        self._special = dropped_ids(self.config)
         self._text = self._function = self._transcript = ""
         self._tail = np.zeros(0, np.float32)
         self._closed: Optional[str] = None  # "flush", "cancel" or "max_streaming_seconds"

@@ -6,7 +6,7 @@ results, forced ids, the end of the stream).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -130,6 +130,3 @@ class EventBook:
         event.speaking = self.speaking
         self.end_of_stream(event)
         return event
-
-    def add_tool_result(self, call_id: str, ids: List[Any]) -> None:
-        self.results.add(call_id, ids)

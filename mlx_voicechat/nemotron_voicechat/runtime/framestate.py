@@ -140,6 +140,10 @@ class FrameState:
     def meta_state(self) -> tuple:
         return tuple(self.position), tuple(self.frames)
 
+    def _meta(self, idx: Sequence[int]) -> Dict[str, List[int]]:
+        """The host's per-row lists (``position``, ``frames``) of rows ``idx``."""
+        return {k: [getattr(self, k)[i] for i in idx] for k in ("position", "frames")}
+
     def arrays(self) -> List[mx.array]:
         """Every array the state holds (what the next call reads)."""
         out = [a for c in self.caches() for a in cache_arrays(c)]
@@ -164,18 +168,13 @@ class FrameState:
         keep = [int(i) for i in keep]
         for c in self.caches():
             c.filter(keep)
-        self.position = [self.position[i] for i in keep]
-        self.frames = [self.frames[i] for i in keep]
+        vars(self).update(self._meta(keep))
 
     def extract(self, i: int) -> "FrameState":
         """Row ``i`` as a state of its own, from each cache's ``extract`` (arrays sliced; the
         row caches of growing state, the noise source, shared). After the first frame."""
         self._check_started()
-        return FrameState(
-            **self._map(lambda c: c.extract(i)),
-            position=[self.position[i]],
-            frames=[self.frames[i]],
-        )
+        return FrameState(**self._map(lambda c: c.extract(i)), **self._meta([i]))
 
     def extend(self, other: "FrameState") -> None:
         """Append ``other``'s rows, each cache with its own ``extend`` (a conversation joins
@@ -207,11 +206,7 @@ class FrameState:
         idx = list(idx)
         if idx == list(range(self.rows)):
             return self
-        return FrameState(
-            **self._map(lambda c: take_rows(c, idx)),
-            position=[self.position[i] for i in idx],
-            frames=[self.frames[i] for i in idx],
-        )
+        return FrameState(**self._map(lambda c: take_rows(c, idx)), **self._meta(idx))
 
     def put(self, idx: Sequence[int], part: "FrameState") -> None:
         """Write ``part`` (what :meth:`take` gave, advanced) back into rows ``idx``."""
@@ -313,14 +308,10 @@ def chain_state(model, request: Request, progress=None) -> FrameState:
 def _state(model, request: Request, previous, tts_cache, noise) -> FrameState:
     pad = model.config.pad_token_id
     return FrameState(
-        llm=model.stt_model.llm.make_cache(),
-        tts=tts_cache,
-        last=LastIds.of(mx.array([[pad, pad]], dtype=mx.int32), previous),
-        flags=Flags.start(),
-        noise=RowNoise([noise]),
-        position=[len(request.prompt_ids)],
-        prefix=_prefix(model, request.prompt_ids),
-        frames=[0],
+        llm=model.stt_model.llm.make_cache(), tts=tts_cache,
+        last=LastIds.of(mx.array([[pad, pad]], dtype=mx.int32), previous), flags=Flags.start(),
+        noise=RowNoise([noise]), position=[len(request.prompt_ids)],
+        prefix=_prefix(model, request.prompt_ids), frames=[0],
     )
 
 
@@ -370,18 +361,13 @@ def open_state(model, request: Request, progress=None) -> FrameState:
     return snap.copy()
 
 
-def open_live(model, state: FrameState) -> FrameState:
-    """Add what a live conversation also carries: the encoder's context, the RNNT's
-    prediction state (before its first token) and the codec's decode state."""
-    stt = model.stt_model
-    state.encoder = RowCaches([stt.perception.encoder.make_cache()])
-    state.rnnt = start_rnnt(model)
-    state.codec = model.tts_model.audio_codec.make_decode_cache()
+def open_live(model, state: FrameState, *, listen: bool = True, decode: bool = True) -> FrameState:
+    """Add what a live conversation also carries: with ``listen``, the encoder's context and
+    the RNNT's prediction state (before its first token); with ``decode``, the codec's decode
+    state."""
+    if listen:
+        state.encoder = RowCaches([model.stt_model.perception.encoder.make_cache()])
+        state.rnnt = RNNTState.of(*model.rnnt_frames.start())
+    if decode:
+        state.codec = model.tts_model.audio_codec.make_decode_cache()
     return state
-
-
-
-
-def start_rnnt(model) -> RNNTState:
-    """The RNNT's prediction state of a stream before its first token."""
-    return RNNTState.of(*model.rnnt_frames.start())

@@ -18,14 +18,14 @@ import numpy as np
 from ... import fastpaths
 from ...audio.io import AudioError, load_audio, save_wav
 from ...audio.mel import MelStream
-from ...caches import RowCaches
 from ...errors import GenerationError, is_int
 from ...listen.greedy import greedy_decode
 from ...listen.rnnt import decode_pieces
+from ...listen.textstream import dropped_ids
 from ...noise import NoiseSource
 from ...threads import note_mlx_thread
 from ..nets.codec import replace_control_codes
-from .framestate import FrameState, open_state, start_rnnt
+from .framestate import FrameState, open_live, open_state
 from .request import check_extra_seconds, resolve
 from .step import FrameRead, Listening, ReadLayout, read, step
 from .tools import calls_in
@@ -76,8 +76,7 @@ class GenerationResult:
 
 def reply_text(model, ids: Sequence[int]) -> str:
     """Decode ids with pad, silence, bos and eos removed (spec step 7)."""
-    cfg = model.config
-    drop = {cfg.pad_token_id, cfg.silence_token_id, cfg.bos_token_id, cfg.eos_token_id}
+    drop = dropped_ids(model.config)
     keep = [int(i) for i in ids if int(i) not in drop]
     if not keep:
         return ""
@@ -125,12 +124,8 @@ def _frames(model, samples, F: int, keep_frames, request, what) -> int:
 
 
 def listen(
-    model,
-    audio,
-    extra_decoding_seconds: float = 0.0,
-    source_rate: Optional[int] = None,
-    request=None,
-    keep_frames: Optional[int] = None,
+    model, audio, extra_decoding_seconds: float = 0.0, source_rate: Optional[int] = None,
+    request=None, keep_frames: Optional[int] = None,
 ):
     """The whole input through the encoder at once (the ``offline.encoder`` fast path): samples
     (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
@@ -155,8 +150,8 @@ def rnnt_tokens(model, encoded: mx.array, F: int):
 
 def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_frames):
     """Each frame's listening for the offline loop: the projected rows of the whole-input pass
-    (``offline.encoder``) and its encoder output, or each frame's mel window and the encoder
-    context to run them on."""
+    (``offline.encoder``) and its encoder output, or each frame's mel window and None (the
+    step listens)."""
     args = (extra_decoding_seconds, source_rate, request, keep_frames)
     if fastpaths.enabled("offline.encoder"):
         projected, encoded, F = listen(model, audio, *args)
@@ -166,8 +161,7 @@ def _heard(model, audio, extra_decoding_seconds, source_rate, request, keep_fram
     mel.push(samples)
     mel.finish()
     F = _frames(model, samples, mel.ready, keep_frames, request, what)
-    encoder = RowCaches([model.stt_model.perception.encoder.make_cache()])
-    return [[mel.window()] for _ in range(F)], encoder
+    return [[mel.window()] for _ in range(F)], None
 
 
 #: How many frames are queued ahead of the host in :func:`run_frames`.
@@ -175,9 +169,7 @@ LOOKAHEAD = 2
 
 
 def run_frames(
-    model,
-    state: FrameState,
-    frames: Union[mx.array, Sequence[Listening]],
+    model, state: FrameState, frames: Union[mx.array, Sequence[Listening]],
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[List[Tuple[int, int]], List[mx.array], List[FrameRead]]:
     """The frame step over every frame of ``frames`` (each frame's listening, or projected
@@ -211,18 +203,11 @@ def run_frames(
 
 
 def generate(
-    model,
-    audio,
-    system_prompt: Optional[str] = None,
-    extra_decoding_seconds: float = 3.0,
-    seed: int = 0,
-    noise: Optional[NoiseSource] = None,
-    prompt: Optional[Sequence[int]] = None,
-    source_rate: Optional[int] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
+    model, audio, system_prompt: Optional[str] = None, extra_decoding_seconds: float = 3.0,
+    seed: int = 0, noise: Optional[NoiseSource] = None, prompt: Optional[Sequence[int]] = None,
+    source_rate: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
     prompt_progress: Optional[Callable[[int, int], None]] = None,
-    tools: Optional[Sequence[Any]] = None,
-    max_frames: Optional[int] = None,
+    tools: Optional[Sequence[Any]] = None, max_frames: Optional[int] = None,
 ) -> GenerationResult:
     """The offline timeline: ``audio`` (path or array) -> text, function text, codes, reply audio.
 
@@ -237,15 +222,13 @@ def generate(
     if max_frames is not None and (not is_int(max_frames) or max_frames < 1):
         raise GenerationError(f"max_frames must be an integer >= 1, got {max_frames!r}")
     request = resolve(model, system_prompt, prompt=prompt, tools=tools, seed=seed, noise=noise)
-    frames, heard = _heard(model, audio, extra_decoding_seconds, source_rate, request, max_frames)
+    frames, encoded = _heard(model, audio, extra_decoding_seconds, source_rate, request, max_frames)
+    one_shot = fastpaths.enabled("offline.codec")
     state = open_state(model, request, progress=prompt_progress)
-    if isinstance(heard, RowCaches):  # listening frame by frame, in the step
-        state.encoder, state.rnnt = heard, start_rnnt(model)
+    # Without the whole-input pass, each frame listens in the step; without one_shot, it decodes.
+    open_live(model, state, listen=encoded is None, decode=not one_shot)
     speech = model.tts_model
     codec = speech.audio_codec
-    one_shot = fastpaths.enabled("offline.codec")
-    if not one_shot:
-        state.codec = codec.make_decode_cache()
     ids, codes, reads = run_frames(model, state, frames, progress)
     F = len(reads)
     text_ids = [t for t, _ in ids]
@@ -261,22 +244,15 @@ def generate(
         all_codes = np.stack([r.codes for r in reads])
         wave = np.concatenate([r.audio for r in reads] + [reads[-1].tail])[codec.stream_delay :]
     if state.rnnt is None:  # offline.encoder: the whole output's symbols, by the host
-        tokens, _ = rnnt_tokens(model, heard, F)
+        tokens, _ = rnnt_tokens(model, encoded, F)
     else:
         tokens = [k for r in reads for k in r.labels]
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
     calls, call_errors = calls_in(request.parser, function_ids)
     return GenerationResult(
-        user_transcript=transcript,
-        text=reply_text(model, text_ids),
-        function_text=reply_text(model, function_ids),
-        text_ids=text_ids,
-        function_ids=function_ids,
-        codes=all_codes,
-        audio=wave,
-        sample_rate=cfg.output_sample_rate,
-        frames=F,
-        seconds=F * cfg.frame_duration,
-        tool_calls=calls,
-        tool_errors=call_errors,
+        user_transcript=transcript, text=reply_text(model, text_ids),
+        function_text=reply_text(model, function_ids), text_ids=text_ids,
+        function_ids=function_ids, codes=all_codes, audio=wave,
+        sample_rate=cfg.output_sample_rate, frames=F, seconds=F * cfg.frame_duration,
+        tool_calls=calls, tool_errors=call_errors,
     )

@@ -140,12 +140,8 @@ class SessionHandle:
     @property
     def ready(self) -> bool:
         """Whether a frame is ready to run."""
-        return (
-            not self._closed
-            and self._finished is None
-            and self.audio.mel.ready > 0
-            and not self.prefilling
-        )
+        live = not self._closed and self._finished is None
+        return live and self.audio.mel.ready > 0 and not self.prefilling
 
     def _check_open(self) -> None:
         if self._closed:
@@ -154,10 +150,8 @@ class SessionHandle:
     def _check_input(self) -> None:
         self._check_open()
         if self._finished is not None:
-            raise SessionError(
-                f"the session has ended ({self._finished}); "
-                "call reset() to start a new conversation"
-            )
+            why = f"the session has ended ({self._finished})"
+            raise SessionError(f"{why}; call reset() to start a new conversation")
         if self.input_ended:
             raise SessionError(
                 "the input has ended (finish() was called); call reset() to start again"
@@ -224,7 +218,7 @@ class SessionHandle:
                 "this session has no tools; open it with model.session(..., tools=[...])"
             )
         ids = tool_result_ids(self.batch.model.tokenizer, output)
-        self.book.add_tool_result(call_id, ids)
+        self.book.results.add(call_id, ids)
         return len(ids)
 
     def reset(self) -> None:

@@ -62,7 +62,6 @@ class _Connection:
     def __init__(self, spec: ServerSpec):
         self.spec = spec
         self.session = None
-        self.tools: List[Any] = []
         self.stop = asyncio.Event()  # bound to the client's loop on its first wait
         self.task: Optional[asyncio.Task] = None
         self.gone: Optional[str] = None  # why the connection ended, once it has
@@ -112,7 +111,7 @@ class _Connection:
                     cursor = listed.next_cursor
                     if not cursor:
                         break
-                self.session, self.tools = session, tools
+                self.session = session
                 ready.set_result(tools)
                 await self.stop.wait()
                 self.gone = self.gone or "it was stopped"
@@ -149,12 +148,8 @@ class MCPClient:
     it started and the thread."""
 
     def __init__(
-        self,
-        *,
-        timeout: float = DEFAULT_TOOL_TIMEOUT,
-        max_result_chars: int = MAX_RESULT_CHARS,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        start_timeout: float = START_TIMEOUT,
+        self, *, timeout: float = DEFAULT_TOOL_TIMEOUT, max_result_chars: int = MAX_RESULT_CHARS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES, start_timeout: float = START_TIMEOUT,
     ):
         require_sdk()
         if not timeout > 0:

@@ -99,15 +99,9 @@ def parse_config(data: Any, source: str = "the MCP config") -> List[ServerSpec]:
         if "command" in entry:
             if not isinstance(entry["command"], str) or not entry["command"]:
                 raise MCPError(f"{where}: command must be a non-empty string")
-            specs.append(
-                ServerSpec(
-                    name,
-                    command=entry["command"],
-                    args=_strings(entry.get("args", []), f"{where}: args"),
-                    env=_strings(entry["env"], f"{where}: env", dict) if "env" in entry else None,
-                    allowed_tools=allowed,
-                )
-            )
+            args = _strings(entry.get("args", []), f"{where}: args")
+            env = _strings(entry["env"], f"{where}: env", dict) if "env" in entry else None
+            specs.append(ServerSpec(name, entry["command"], args, env, allowed_tools=allowed))
         else:
             url = entry["url"]
             if not is_http_url(url):

@@ -12,14 +12,8 @@ from typing import List, Optional
 import mlx.core as mx
 
 from ...audio.stream import AudioIn
-from ...caches import RowCaches
-from ...listen.events import (
-    TranscriptEvent,
-    TranscriptEvents,
-    TranscriptionError,
-    close_events,
-)
-from .framestate import FrameState, start_rnnt
+from ...listen.events import TranscriptEvent, TranscriptEvents, TranscriptionError, close_events
+from .framestate import FrameState, open_live
 from .step import ReadLayout, read, step
 
 
@@ -39,8 +33,7 @@ class RNNTTranscription:
 
     def reset(self) -> None:
         self._audio.reset()
-        encoder = RowCaches([self.model.stt_model.perception.encoder.make_cache()])
-        self._state = FrameState(encoder=encoder, rnnt=start_rnnt(self.model), frames=[0])
+        self._state = open_live(self.model, FrameState(frames=[0]), decode=False)
         self._events = TranscriptEvents(self.model.rnnt_vocabulary)
         self.language = None
         self.tokens: List[int] = []

@@ -39,13 +39,8 @@ class StepOut:
 
 
 def step(
-    model,
-    state,
-    heard: Listening,
-    *,
-    layout: Optional["ReadLayout"] = None,
-    split_head: bool = False,
-    pipelined: bool = False,
+    model, state, heard: Listening, *, layout: Optional["ReadLayout"] = None,
+    split_head: bool = False, pipelined: bool = False,
 ) -> StepOut:
     """Advance every row of ``state`` (a :class:`~.framestate.FrameState`) by one frame;
     nothing is read to the host. The ids fed back are the heads' unless the row's
@@ -269,9 +264,7 @@ def _thread_stream(registry: threading.local) -> mx.Stream:
     MLX streams belong to the thread that made them."""
     device = mx.default_device()
     key = str(device)
-    streams = getattr(registry, "by_device", None)
-    if streams is None:
-        streams = registry.by_device = {}
+    streams = vars(registry).setdefault("by_device", {})  # the calling thread's own
     stream = streams.get(key)
     if stream is None:
         note_mlx_thread()
