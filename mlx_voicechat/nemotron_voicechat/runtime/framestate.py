@@ -308,10 +308,14 @@ def chain_state(model, request: Request, progress=None) -> FrameState:
 def _state(model, request: Request, previous, tts_cache, noise) -> FrameState:
     pad = model.config.pad_token_id
     return FrameState(
-        llm=model.stt_model.llm.make_cache(), tts=tts_cache,
-        last=LastIds.of(mx.array([[pad, pad]], dtype=mx.int32), previous), flags=Flags.start(),
-        noise=RowNoise([noise]), position=[len(request.prompt_ids)],
-        prefix=_prefix(model, request.prompt_ids), frames=[0],
+        llm=model.stt_model.llm.make_cache(),
+        tts=tts_cache,
+        last=LastIds.of(mx.array([[pad, pad]], dtype=mx.int32), previous),
+        flags=Flags.start(),
+        noise=RowNoise([noise]),
+        position=[len(request.prompt_ids)],
+        prefix=_prefix(model, request.prompt_ids),
+        frames=[0],
     )
 
 

@@ -124,8 +124,12 @@ def _frames(model, samples, F: int, keep_frames, request, what) -> int:
 
 
 def listen(
-    model, audio, extra_decoding_seconds: float = 0.0, source_rate: Optional[int] = None,
-    request=None, keep_frames: Optional[int] = None,
+    model,
+    audio,
+    extra_decoding_seconds: float = 0.0,
+    source_rate: Optional[int] = None,
+    request=None,
+    keep_frames: Optional[int] = None,
 ):
     """The whole input through the encoder at once (the ``offline.encoder`` fast path): samples
     (+ trailing silence) -> (projected [1, F, H], encoded [1, F, D], F).
@@ -169,7 +173,9 @@ LOOKAHEAD = 2
 
 
 def run_frames(
-    model, state: FrameState, frames: Union[mx.array, Sequence[Listening]],
+    model,
+    state: FrameState,
+    frames: Union[mx.array, Sequence[Listening]],
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[List[Tuple[int, int]], List[mx.array], List[FrameRead]]:
     """The frame step over every frame of ``frames`` (each frame's listening, or projected
@@ -203,11 +209,18 @@ def run_frames(
 
 
 def generate(
-    model, audio, system_prompt: Optional[str] = None, extra_decoding_seconds: float = 3.0,
-    seed: int = 0, noise: Optional[NoiseSource] = None, prompt: Optional[Sequence[int]] = None,
-    source_rate: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
+    model,
+    audio,
+    system_prompt: Optional[str] = None,
+    extra_decoding_seconds: float = 3.0,
+    seed: int = 0,
+    noise: Optional[NoiseSource] = None,
+    prompt: Optional[Sequence[int]] = None,
+    source_rate: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
     prompt_progress: Optional[Callable[[int, int], None]] = None,
-    tools: Optional[Sequence[Any]] = None, max_frames: Optional[int] = None,
+    tools: Optional[Sequence[Any]] = None,
+    max_frames: Optional[int] = None,
 ) -> GenerationResult:
     """The offline timeline: ``audio`` (path or array) -> text, function text, codes, reply audio.
 
@@ -250,9 +263,16 @@ def generate(
     transcript, _ = decode_pieces(tokens, model.rnnt_vocabulary)
     calls, call_errors = calls_in(request.parser, function_ids)
     return GenerationResult(
-        user_transcript=transcript, text=reply_text(model, text_ids),
-        function_text=reply_text(model, function_ids), text_ids=text_ids,
-        function_ids=function_ids, codes=all_codes, audio=wave,
-        sample_rate=cfg.output_sample_rate, frames=F, seconds=F * cfg.frame_duration,
-        tool_calls=calls, tool_errors=call_errors,
+        user_transcript=transcript,
+        text=reply_text(model, text_ids),
+        function_text=reply_text(model, function_ids),
+        text_ids=text_ids,
+        function_ids=function_ids,
+        codes=all_codes,
+        audio=wave,
+        sample_rate=cfg.output_sample_rate,
+        frames=F,
+        seconds=F * cfg.frame_duration,
+        tool_calls=calls,
+        tool_errors=call_errors,
     )

@@ -58,8 +58,12 @@ class Timeline:
         """From a session's FrameEvents (their deltas are already per frame)."""
         audio = np.concatenate([e.audio for e in events]) if events else np.zeros(0, np.float32)
         return cls(
-            np.asarray(input_audio, np.float32), int(input_rate), audio, int(output_rate),
-            float(frame_seconds), len(events),
+            np.asarray(input_audio, np.float32),
+            int(input_rate),
+            audio,
+            int(output_rate),
+            float(frame_seconds),
+            len(events),
             user=[(e.index, e.transcript) for e in events if e.transcript],
             assistant=[(e.index, e.text) for e in events if e.text],
             function=[(e.index, e.function_text) for e in events if e.function_text],
@@ -79,8 +83,13 @@ class Timeline:
             return [(i, d) for i, d in ((i, stream.add(int(t))) for i, t in enumerate(ids)) if d]
 
         return cls(
-            np.asarray(input_audio, np.float32), cfg.input_sample_rate, result.audio,
-            result.sample_rate, cfg.frame_duration, result.frames, user=user,
+            np.asarray(input_audio, np.float32),
+            cfg.input_sample_rate,
+            result.audio,
+            result.sample_rate,
+            cfg.frame_duration,
+            result.frames,
+            user=user,
             assistant=deltas(result.text_ids),
             function=deltas(result.function_ids),
             title=title,
@@ -161,8 +170,17 @@ def _word_row(ax, items, frame_seconds, color, label, empty):
     ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
     ws = words(items)
     if not ws:
-        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", fontsize=8,
-                color="0.55", style="italic")
+        ax.text(
+            0.5,
+            0.5,
+            empty,
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="0.55",
+            style="italic",
+        )
         return
     for n, (frame, word) in enumerate(ws):
         x = frame * frame_seconds
@@ -177,12 +195,24 @@ def draw(timeline: Timeline):
     from matplotlib.figure import Figure
 
     tl = timeline
-    seconds = max(tl.frames * tl.frame_seconds, len(tl.input_audio) / tl.input_rate,
-                  len(tl.output_audio) / tl.output_rate, tl.frame_seconds)
+    seconds = max(
+        tl.frames * tl.frame_seconds,
+        len(tl.input_audio) / tl.input_rate,
+        len(tl.output_audio) / tl.output_rate,
+        tl.frame_seconds,
+    )
     width = float(np.clip(INCHES_PER_SECOND * seconds, MIN_WIDTH, MAX_WIDTH))
     fig = Figure(figsize=(width, 6.2), dpi=DPI)
-    grid = fig.add_gridspec(5, 1, height_ratios=[1.6, 1.1, 1.1, 0.7, 1.6], hspace=0.08,
-                            left=1.3 / width, right=1 - 0.25 / width, top=0.9, bottom=0.1)
+    grid = fig.add_gridspec(
+        5,
+        1,
+        height_ratios=[1.6, 1.1, 1.1, 0.7, 1.6],
+        hspace=0.08,
+        left=1.3 / width,
+        right=1 - 0.25 / width,
+        top=0.9,
+        bottom=0.1,
+    )
     axes = [fig.add_subplot(grid[0])]
     axes += [fig.add_subplot(grid[i], sharex=axes[0]) for i in range(1, 5)]
     user_c, assistant_c, function_c = "#1f6fb4", "#c0392b", "#7d3c98"
@@ -196,8 +226,14 @@ def draw(timeline: Timeline):
     axes[0].set_xlim(0, seconds)
     for start, end in tl.speaking:  # the assistant's turns, behind its words and audio
         for ax in axes[2:]:
-            ax.axvspan(start * tl.frame_seconds, end * tl.frame_seconds, color=assistant_c,
-                       alpha=0.07, linewidth=0, zorder=0)
+            ax.axvspan(
+                start * tl.frame_seconds,
+                end * tl.frame_seconds,
+                color=assistant_c,
+                alpha=0.07,
+                linewidth=0,
+                zorder=0,
+            )
     step = 1.0 if seconds <= 30 else 5.0
     for ax in axes:
         for s in np.arange(0, seconds + 1e-9, step):

@@ -115,8 +115,13 @@ def check_max_seconds(max_seconds) -> Optional[float]:
 
 
 def resolve(
-    model, system_prompt: Optional[str] = None, *, prompt: Optional[Sequence[int]] = None,
-    tools: Optional[Sequence[Any]] = None, seed: int = 0, noise: Optional[NoiseSource] = None,
+    model,
+    system_prompt: Optional[str] = None,
+    *,
+    prompt: Optional[Sequence[int]] = None,
+    tools: Optional[Sequence[Any]] = None,
+    seed: int = 0,
+    noise: Optional[NoiseSource] = None,
     max_seconds: Optional[float] = None,
 ) -> Request:
     """Check a conversation's options once and resolve them into a :class:`Request`."""
@@ -147,6 +152,11 @@ def resolve(
     if max_seconds is not None:
         room = min(room, max(1, int(max_seconds / cfg.frame_duration)))
     return Request(
-        prompt_ids=ids, seed=seed if noise is None else 0, noise=noise, tools=normalized,
-        max_frames=room, context=context, parser=parser,
+        prompt_ids=ids,
+        seed=seed if noise is None else 0,
+        noise=noise,
+        tools=normalized,
+        max_frames=room,
+        context=context,
+        parser=parser,
     )

@@ -39,8 +39,13 @@ class StepOut:
 
 
 def step(
-    model, state, heard: Listening, *, layout: Optional["ReadLayout"] = None,
-    split_head: bool = False, pipelined: bool = False,
+    model,
+    state,
+    heard: Listening,
+    *,
+    layout: Optional["ReadLayout"] = None,
+    split_head: bool = False,
+    pipelined: bool = False,
 ) -> StepOut:
     """Advance every row of ``state`` (a :class:`~.framestate.FrameState`) by one frame;
     nothing is read to the host. The ids fed back are the heads' unless the row's

@@ -154,8 +154,13 @@ class ToolCallParser:
     """
 
     def __init__(
-        self, markers: ToolMarkers, decode: Callable[[List[int]], str], pad_ids: Iterable[int] = (),
-        *, tool_names: Optional[Iterable[str]] = None, max_call_tokens: int = MAX_CALL_TOKENS,
+        self,
+        markers: ToolMarkers,
+        decode: Callable[[List[int]], str],
+        pad_ids: Iterable[int] = (),
+        *,
+        tool_names: Optional[Iterable[str]] = None,
+        max_call_tokens: int = MAX_CALL_TOKENS,
     ):
         self.markers = markers
         self.decode = decode

@@ -218,7 +218,8 @@ def prepare_tools(model, system_prompt: Optional[str], tools):
     markers = ToolMarkers.from_tokenizer(model.tokenizer, cfg.text_args.vocab_size)
     tokenizer = model.tokenizer
     parser = ToolCallParser(
-        markers, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        markers,
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         pad_ids=(cfg.pad_token_id, cfg.silence_token_id),
         tool_names=[t["name"] for t in normalized],
     )
