@@ -70,19 +70,13 @@ class Realtime(ClientProtocol):
 
     # -- the conversation (serve/responses.py), as the transport and the tests read it --
 
-    def frames(self, frame_events) -> List[Event]:
-        """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
-        return self.responses.frames(frame_events)
-
     def commit_done(self) -> List[Event]:
-        return self.responses.commit_done()
+        """The trailing silence of a commit has been fed: the user's item is complete."""
+        return self.responses.close_user_item()
 
-    def stats(self, **fields) -> List[Event]:
-        return self.responses.stats(**fields)
-
-    def tool_injection(self, call_id: str, frames: int) -> List[Event]:
-        return self.responses.tool_injection(call_id, frames)
-
+    frames = property(lambda self: self.responses.frames)
+    stats = property(lambda self: self.responses.stats)
+    tool_injection = property(lambda self: self.responses.tool_injection)
     response = property(lambda self: self.responses.response)
     responses_done = property(lambda self: self.responses.responses_done)
     items = property(lambda self: self.responses.record.items)
@@ -226,9 +220,8 @@ class Realtime(ClientProtocol):
             raise ProtocolError(
                 "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
             )
-        c, events = self.responses, []
-        if c.user_item is None:
-            events += c.open_user_item()
+        c = self.responses
+        events = c.open_user_item()
         item = c.user_item
         previous = c.record.prev(item)
         events.append(

@@ -61,6 +61,10 @@ class Responses:
     # -- items --
 
     def open_user_item(self) -> List[Event]:
+        """Open the user's item unless one is open (its ``conversation.item.added``, or
+        nothing)."""
+        if self.user_item is not None:
+            return []
         self.user_item = _new_id("item")
         self._user_text = []
         self._user_frames = 0
@@ -92,8 +96,7 @@ class Responses:
             if self.user_item is not None:
                 self._user_frames += 1
             if f.transcript and self.s.transcription:
-                if self.user_item is None:
-                    out += self.open_user_item()
+                out += self.open_user_item()
                 self._user_text.append(f.transcript)
                 out.append(self.s.transcript_delta(self.user_item, f.transcript))
             if f.turn == "start":
@@ -356,10 +359,6 @@ class Responses:
         ], []
 
     # -- transport notices --
-
-    def commit_done(self) -> List[Event]:
-        """The trailing silence of a commit has been fed: the user's item is complete."""
-        return self.close_user_item()
 
     def tool_injection(self, call_id: str, frames: int) -> List[Event]:
         """A vendor event: the result of ``call_id`` is being fed to the model, one token per
