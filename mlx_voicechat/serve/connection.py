@@ -303,9 +303,8 @@ class Conversation(Channel):
             await self._feed(samples)
         d["fed"] += frames
         replied = p.responses_done > d["done"]
-        if p.response is None and (replied or d["fed"] >= self.server.commit_frames):
-            self._end_drain()
-        elif d["fed"] >= self.server.max_reply_frames:
+        quiet = p.response is None and (replied or d["fed"] >= self.server.commit_frames)
+        if quiet or d["fed"] >= self.server.max_reply_frames:
             self._end_drain()
 
     def _end_drain(self) -> None:

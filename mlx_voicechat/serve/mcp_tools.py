@@ -271,10 +271,14 @@ class McpTools:
         # "always" named, or not named in "never": asked, as OpenAI does
         return tool not in (_names(a.get("never"), "never") or ())
 
-    def _own_response(self) -> Tuple[str, Event]:
-        rid = _new_id("resp")
-        obj = self.p.responses.response_object("in_progress", [], r={"id": rid})
-        return rid, self.p._event("response.created", response=obj)
+    def _own_response(self, item: dict) -> Tuple[str, List[Event]]:
+        """The first events of a response of our own, ``item`` its one output."""
+        p, rid = self.p, _new_id("resp")
+        obj = p.responses.response_object("in_progress", [], r={"id": rid})
+        return rid, [p._event("response.created", response=obj),
+                     p._event("response.output_item.added", response_id=rid, output_index=0,
+                              item=item),
+                     p.responses.record.add(item)]
 
     def _end_response(self, rid: str, item: dict) -> List[Event]:
         """The last events of a response of our own, ``item`` its one output."""
@@ -295,14 +299,11 @@ class McpTools:
         return self._start(job)
 
     def _ask(self, job: McpJob) -> List[Event]:
-        p = self.p
-        rid, created = self._own_response()
         item = {"id": _new_id("item"), "object": "realtime.item", "type": "mcp_approval_request",
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
         self.approvals[item["id"]] = job
-        return [created,
-                p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-                p.responses.record.add(item), *self._end_response(rid, item)]
+        rid, events = self._own_response(item)
+        return events + self._end_response(rid, item)
 
     def _item(self, job: McpJob, **fields) -> dict:
         item = {"id": job.item_id, "object": "realtime.item", "type": "mcp_call",
@@ -313,14 +314,10 @@ class McpTools:
 
     def _start(self, job: McpJob) -> List[Event]:
         p = self.p
-        rid, created = self._own_response()
-        job.item_id, job.response_id = _new_id("item"), rid
-        item = self._item(job, arguments="")
-        ref = dict(response_id=rid, item_id=job.item_id, output_index=0)
-        events = [
-            created,
-            p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-            p.responses.record.add(item),
+        job.item_id = _new_id("item")
+        job.response_id, events = self._own_response(self._item(job, arguments=""))
+        ref = dict(response_id=job.response_id, item_id=job.item_id, output_index=0)
+        events += [
             p._event("response.mcp_call_arguments.delta", delta=job.arguments, **ref),
             p._event("response.mcp_call_arguments.done", arguments=job.arguments, **ref),
             p._event("response.mcp_call.in_progress", item_id=job.item_id, output_index=0),
