@@ -228,9 +228,9 @@ class McpTools:
         model's session with the new tools if it runs already."""
         s = self.servers[label]
         p = self.p
-        if error is None and s.allowed is not None:
-            tools = [t for t in tools if t.name in s.allowed]
         if error is None:
+            if s.allowed is not None:
+                tools = [t for t in tools if t.name in s.allowed]
             others = len(p.tools) + sum(
                 len(o.tools) for o in self.servers.values() if o.active and o is not s
             )
@@ -362,8 +362,7 @@ class McpTools:
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
                 "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
-        events = [p.responses.record.add(done),
-                  p.responses.record.done(done)]
+        events = [p.responses.record.add(done), p.responses.record.done(done)]
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
             refused = json.dumps({"error": f"the user did not approve the call{why}"})
