@@ -29,7 +29,7 @@ from ..nemotron_voicechat.runtime.mcp_config import (
     shown_url,
 )
 from ..nemotron_voicechat.runtime.tools import MAX_TOOLS
-from .wire import Event, ProtocolError, ToolResult, _new_id
+from .wire import Event, ProtocolError, ToolResult, _new_id, invalid
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _names(value, param: str) -> Optional[Tuple[str, ...]]:
         if value is None:
             return None
     if not of_strings(value, list):
-        raise ProtocolError("invalid_value", f"`{param}` must list tool names", param)
+        raise invalid(f"`{param}` must list tool names", param)
     return tuple(value)
 
 
@@ -126,13 +126,11 @@ class McpTools:
                 rest.append(tool)
         labels = [s.label for s in wanted]
         if len(set(labels)) != len(labels):
-            raise ProtocolError("invalid_value", "two mcp tools have one server_label",
-                                "session.tools")
+            raise invalid("two mcp tools have one server_label", "session.tools")
         for s in wanted:
             old = self.servers.get(s.label)
             if old is not None and not old.same(s):
-                raise ProtocolError(
-                    "invalid_value",
+                raise invalid(
                     f"server_label {s.label!r} already names another MCP server in this session; "
                     "give the new one a label of its own",
                     "session.tools",
@@ -149,19 +147,12 @@ class McpTools:
     def _parse(self, tool: dict, param: str) -> _Server:
         label = tool.get("server_label")
         if not is_name(label):
-            raise ProtocolError(
-                "invalid_value",
-                "server_label must be a non-empty string of letters, digits, _ and -",
-                f"{param}.server_label",
-            )
+            raise invalid("server_label must be a non-empty string of letters, digits, _ and -",
+                          f"{param}.server_label")
         url = tool.get("server_url")
         if not is_http_url(url):
-            raise ProtocolError(
-                "invalid_value",
-                "an mcp tool needs a server_url (http:// or https://); connectors and tunnels "
-                "are not served",
-                f"{param}.server_url",
-            )
+            raise invalid("an mcp tool needs a server_url (http:// or https://); connectors and "
+                          "tunnels are not served", f"{param}.server_url")
         if not self.policy.allows(url):
             allowed = ", ".join(self.policy.allow) or "none: start serve with --mcp-allow PREFIX"
             raise ProtocolError(
@@ -172,17 +163,15 @@ class McpTools:
             )
         headers = tool.get("headers") or {}
         if not of_strings(headers, dict):
-            raise ProtocolError("invalid_value", "`headers` must be an object of strings",
-                                f"{param}.headers")
+            raise invalid("`headers` must be an object of strings", f"{param}.headers")
         if isinstance(tool.get("authorization"), str):
             headers = dict(headers, Authorization=f"Bearer {tool['authorization']}")
         approval = tool.get("require_approval")
         if approval is None:
             approval = "always"  # OpenAI's default: ask before data goes to a server
         if not (approval in ("always", "never") or isinstance(approval, dict)):
-            raise ProtocolError("invalid_value",
-                                'require_approval must be "always", "never" or a filter object',
-                                f"{param}.require_approval")
+            raise invalid('require_approval must be "always", "never" or a filter object',
+                          f"{param}.require_approval")
         if isinstance(approval, dict):
             for key in ("always", "never"):
                 _names(approval.get(key), f"{param}.require_approval.{key}")
@@ -349,14 +338,11 @@ class McpTools:
         p = self.p
         request = item.get("approval_request_id")
         if not isinstance(request, str) or request not in self.approvals:
-            raise ProtocolError("invalid_value",
-                                f"approval_request_id {request!r} is not an approval request of "
-                                "this session that waits for an answer",
-                                "item.approval_request_id")
+            raise invalid(f"approval_request_id {request!r} is not an approval request of this "
+                          "session that waits for an answer", "item.approval_request_id")
         approve = item.get("approve")
         if not isinstance(approve, bool):
-            raise ProtocolError("invalid_value", "`approve` must be true or false",
-                                "item.approve")
+            raise invalid("`approve` must be true or false", "item.approve")
         job = self.approvals.pop(request)
         done = {"id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
                 "object": "realtime.item", "type": "mcp_approval_response",

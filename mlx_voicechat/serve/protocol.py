@@ -14,6 +14,7 @@ from ..nemotron_voicechat.runtime.request import resolve_system_prompt
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
 from .wire import (
+    COMMIT_EMPTY,
     DEFAULT_RATE,
     INPUT_RATES,
     MODEL_INPUT_RATE,
@@ -27,6 +28,7 @@ from .wire import (
     Resampler,
     Start,
     format_rate,
+    invalid,
     modalities_of,
     session_of,
     tools_of,
@@ -137,8 +139,7 @@ class Realtime(ClientProtocol):
         session, a_in, a_out = session_of(event)
         kind = session.get("type", "realtime")
         if kind != "realtime":
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f'session.type {kind!r} is not served; use "realtime"',
                 "session.type",
             )
@@ -184,17 +185,14 @@ class Realtime(ClientProtocol):
         if text is None:
             return None
         if not isinstance(text, str):
-            raise ProtocolError(
-                "invalid_value", "`instructions` must be a string", "session.instructions"
-            )
+            raise invalid("`instructions` must be a string", "session.instructions")
         self._check_length(len(text), "session.instructions")
         return text  # "" is no prompt, not the default
 
     def _check_length(self, chars: int, param: str) -> None:
         most = self.max_instructions_chars
         if most is not None and chars > most:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"`instructions` would be {chars} characters; at most {most} fit the prompt "
                 "this server takes",
                 param,
@@ -217,9 +215,7 @@ class Realtime(ClientProtocol):
 
     def _commit(self, event: dict):
         if not self.started:
-            raise ProtocolError(
-                "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
-            )
+            raise ProtocolError(*COMMIT_EMPTY)
         c = self.responses
         events = c.open_user_item()
         item = c.user_item
@@ -239,9 +235,7 @@ class Realtime(ClientProtocol):
         r = event.get("response") if isinstance(event.get("response"), dict) else {}
         metadata = r.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise ProtocolError(
-                "invalid_value", "`response.metadata` must be an object", "response.metadata"
-            )
+            raise invalid("`response.metadata` must be an object", "response.metadata")
         if r.get("conversation") == "none":
             # an out-of-band response: nothing in the conversation changes, and this model
             # writes nothing outside its conversation
@@ -261,8 +255,7 @@ class Realtime(ClientProtocol):
             )
         wanted = event.get("response_id")
         if wanted is not None and wanted != self.response["id"]:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"response {wanted!r} is not the response in progress",
                 "response_id",
             )
@@ -271,7 +264,7 @@ class Realtime(ClientProtocol):
     def _item_create(self, event: dict):
         item = event.get("item")
         if not isinstance(item, dict):
-            raise ProtocolError("invalid_value", "`item` must be an object", "item")
+            raise invalid("`item` must be an object", "item")
         kind = item.get("type")
         if kind == "function_call_output":
             return self.responses.tool_output(item)
@@ -281,8 +274,7 @@ class Realtime(ClientProtocol):
             return self._message(item, event.get("previous_item_id"))
         if kind == "function_call":  # a client's record of an earlier call: kept, not run
             return self.responses.record.client_item(item, "function_call"), []
-        raise ProtocolError(
-            "invalid_value",
+        raise invalid(
             f"item type {kind!r} is not one of message, function_call, function_call_output, "
             "mcp_approval_response",
             "item.type",
@@ -296,16 +288,13 @@ class Realtime(ClientProtocol):
         returns it) but the model does not hear it."""
         role = item.get("role")
         if role not in ("user", "assistant") + NOTE_ROLES:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"message role {role!r} is not one of user, assistant, system, developer",
                 "item.role",
             )
         content = item.get("content")
         if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
-            raise ProtocolError(
-                "invalid_value", "`item.content` must be a list of objects", "item.content"
-            )
+            raise invalid("`item.content` must be a list of objects", "item.content")
         commands: List[Command] = []
         if role in NOTE_ROLES:
             text = "".join(c["text"] for c in content if isinstance(c.get("text"), str)).strip()

@@ -13,11 +13,11 @@ from .wire import (
     FRAME_SECONDS,
     MODEL_OUTPUT_RATE,
     Event,
-    ProtocolError,
     Resampler,
     ToolResult,
     _new_id,
     encode_pcm16,
+    invalid,
 )
 
 MAX_REQUESTS = 16  # response.create requests that may wait for the model at once
@@ -318,14 +318,13 @@ class Responses:
         """A client's ``function_call_output`` for a call that waits for it."""
         call_id, output = item.get("call_id"), item.get("output")
         if not isinstance(call_id, str) or call_id not in self.calls:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"call_id {call_id!r} is not a function call of this session that waits for "
                 "its output",
                 "item.call_id",
             )
         if not isinstance(output, str):
-            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
+            raise invalid("`output` must be a string", "item.output")
         del self.calls[call_id]
         item_id = item.get("id") if isinstance(item.get("id"), str) else _new_id("item")
         done = _item(
@@ -340,15 +339,12 @@ class Responses:
         item_id = event.get("item_id")
         sent = self.assistant_items
         if not isinstance(item_id, str) or item_id not in sent:
-            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
+            raise invalid(f"no assistant item {item_id!r}", "item_id")
         end_ms = event.get("audio_end_ms")
         if not is_int(end_ms) or end_ms < 0:
-            raise ProtocolError(
-                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
-            )
+            raise invalid("`audio_end_ms` must be an integer >= 0", "audio_end_ms")
         if end_ms > sent[item_id]:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
                 "audio_end_ms",
             )

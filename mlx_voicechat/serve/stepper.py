@@ -92,8 +92,9 @@ class Stepper:
             self._reject(waiting, e)
             return
         seconds = time.perf_counter() - t
-        if batch.last_rounds:
-            self._note_round(seconds / batch.last_rounds)
+        if batch.last_rounds:  # a round's time, smoothed
+            r, s = self.round_seconds, seconds / batch.last_rounds
+            self.round_seconds = s if r is None else 0.8 * r + 0.2 * s
         if self.on_step is not None:
             self.on_step([len(events) for events in out.values()], seconds)
         for handle, future, loop in waiting:
@@ -122,10 +123,6 @@ class Stepper:
             loop.call_soon_threadsafe(_settle, future, None, error)
 
     # -- a joining prompt in slices --
-
-    def _note_round(self, seconds: float) -> None:
-        r = self.round_seconds
-        self.round_seconds = seconds if r is None else 0.8 * r + 0.2 * seconds
 
     def _prefill_slice(self) -> None:
         """One slice of the joining prompt, about a round's time when others are live (the
