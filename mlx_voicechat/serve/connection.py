@@ -50,7 +50,6 @@ class Conversation(Channel):
         self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
-        self.t0: Optional[float] = None  # when the first audio arrived
         # Samples past the last frame that the audio so far completes: held here, not fed, so
         # that input_audio_buffer.clear can drop them (the session keeps no partial frame).
         self.held = np.zeros(0, np.float32)
