@@ -139,10 +139,7 @@ class Realtime(ClientProtocol):
         session, a_in, a_out = session_of(event)
         kind = session.get("type", "realtime")
         if kind != "realtime":
-            raise invalid(
-                f'session.type {kind!r} is not served; use "realtime"',
-                "session.type",
-            )
+            raise invalid(f'session.type {kind!r} is not served; use "realtime"', "session.type")
         client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         new: dict = {}
         refused: List[ProtocolError] = []
@@ -255,10 +252,7 @@ class Realtime(ClientProtocol):
             )
         wanted = event.get("response_id")
         if wanted is not None and wanted != self.response["id"]:
-            raise invalid(
-                f"response {wanted!r} is not the response in progress",
-                "response_id",
-            )
+            raise invalid(f"response {wanted!r} is not the response in progress", "response_id")
         return self.responses.close_response("cancelled"), [Cancel()]
 
     def _item_create(self, event: dict):

@@ -345,8 +345,7 @@ class Responses:
             raise invalid("`audio_end_ms` must be an integer >= 0", "audio_end_ms")
         if end_ms > sent[item_id]:
             raise invalid(
-                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
-                "audio_end_ms",
+                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent", "audio_end_ms"
             )
         return [
             self._event(

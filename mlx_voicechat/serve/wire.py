@@ -189,8 +189,7 @@ def format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
     if beta is not None:
         if beta != "pcm16":
             raise invalid(
-                f'audio format {beta!r} is not served; use "pcm16"',
-                f"session.{which}_audio_format",
+                f'audio format {beta!r} is not served; use "pcm16"', f"session.{which}_audio_format"
             )
         return DEFAULT_RATE
     return None
