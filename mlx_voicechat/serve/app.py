@@ -274,9 +274,9 @@ def graceful_server(config, server: Server, shutdown_timeout: float = SHUTDOWN_T
     every live conversation (``error`` ``server_shutting_down``, close 1012) and refuses new
     ones, then lets uvicorn close the rest, all within ``shutdown_timeout`` seconds of the
     signal. The signals are not raised again at the end (uvicorn's own does), and its
-    handlers stay (they only note a signal) until ``restore_signals()``: the caller stops the
-    worker (:meth:`.worker.Worker.stop` with ``time_left()``) and exits as the signal asks;
-    ``signals`` lists those that came."""
+    handlers stay to the process's end (they only note a signal): the caller stops the worker
+    (:meth:`.worker.Worker.stop` with ``time_left()``) and exits as the signal asks; ``signals``
+    lists those that came."""
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -284,36 +284,21 @@ def graceful_server(config, server: Server, shutdown_timeout: float = SHUTDOWN_T
             super().__init__(config)
             self.signals: list = []
             self.deadline: Optional[float] = None
-            self._old: dict = {}  # the signal handlers before run()
 
         def time_left(self) -> float:
             if self.deadline is None:
                 return shutdown_timeout
             return max(0.0, self.deadline - time.monotonic())
 
-        def run(self, sockets=None) -> None:
-            if threading.current_thread() is threading.main_thread():  # (before asyncio's)
-                self._old = {n: signal.getsignal(n) for n in self._signal_numbers()}
-            super().run(sockets)
-
-        @staticmethod
-        def _signal_numbers() -> list:
-            return [getattr(signal, n) for n in SIGNALS if hasattr(signal, n)]
-
         @contextlib.contextmanager
         def capture_signals(self):
-            # The handlers stay after uvicorn's end, until restore_signals(): the worker is
-            # stopped under them, and a signal meanwhile only hurries the stop along.
+            # The handlers stay after uvicorn's end: the worker is stopped under them, and a
+            # signal meanwhile only hurries the stop along.
             if threading.current_thread() is threading.main_thread():
-                for n in self._signal_numbers():
-                    signal.signal(n, self.handle_exit)
+                for name in SIGNALS:
+                    if hasattr(signal, name):
+                        signal.signal(getattr(signal, name), self.handle_exit)
             yield
-
-        def restore_signals(self) -> None:
-            """Put back the signal handlers :meth:`run` found."""
-            for n, handler in self._old.items():
-                signal.signal(n, handler)
-            self._old = {}
 
         def handle_exit(self, sig, frame) -> None:
             self.signals.append(sig)

@@ -24,22 +24,6 @@ _CLOSE = object()  # in the send queue: close the connection after the events be
 log = logging.getLogger("mlx_voicechat.serve")
 
 
-def lag_message(
-    lag: float, bound: float, audio: float, elapsed: float, fed: float, client_seconds: float
-) -> str:
-    """The message of ``lag_exceeded`` (``lag`` seconds behind, past ``bound``), naming the
-    side that is further behind: over ``elapsed`` seconds the connection took in ``audio``
-    seconds (``client_seconds`` of them the client's) and fed the model ``fed`` seconds."""
-    if audio - elapsed > elapsed - fed:
-        why = (
-            f"the client sent audio faster than real time ({client_seconds:.1f} s of audio in "
-            f"{elapsed:.1f} s); send it at real time"
-        )
-    else:
-        why = "the machine is slower than real time"
-    return f"the model is {lag:.1f} s behind the audio (the bound is {bound:g} s): {why}"
-
-
 class Channel:
     """One WebSocket's queues and tasks around ``protocol`` (subclasses add the driver)."""
 
@@ -55,6 +39,8 @@ class Channel:
         self.inbox: deque = deque()  # commands for the driver
         self.wake = asyncio.Event()
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=server.send_queue_size)
+        # queued server events past which the reader waits for the client to read them
+        self.high_water = max(1, server.send_queue_size // 2)
         self.room = asyncio.Event()  # set while the send queue has room for a client's replies
         self.room.set()
         self.stopped = asyncio.Event()
@@ -69,11 +55,6 @@ class Channel:
         self.consumed = 0  # 16 kHz samples fed to the session
 
     # -- plumbing --
-
-    @property
-    def high_water(self) -> int:
-        """Queued server events past which the reader waits for the client to read them."""
-        return max(1, self.server.send_queue_size // 2)
 
     def send(self, events: List[dict]) -> None:
         for event in events:
@@ -116,16 +97,24 @@ class Channel:
 
     def check_lag(self) -> bool:
         """Past ``max_lag_seconds`` of audio waiting for the model: ``lag_exceeded``, naming
-        the side that is behind (True)."""
-        bound = self.server.max_lag_seconds
-        if self.lag_seconds <= bound:
+        the side that is further behind (True): over ``elapsed`` seconds the connection took
+        in ``audio`` seconds (``client`` of them the client's) and fed the model ``fed``."""
+        lag, bound = self.lag_seconds, self.server.max_lag_seconds
+        if lag <= bound:
             return False
         t0, start, client = self.lag_since()
         audio = (self.position - start) / MODEL_INPUT_RATE
         fed = (self.consumed - start) / MODEL_INPUT_RATE
         client = audio if client is None else client
-        why = lag_message(self.lag_seconds, bound, audio, time.monotonic() - t0, fed, client)
-        self.fail("lag_exceeded", why, CLOSE_TRY_AGAIN)
+        elapsed = time.monotonic() - t0
+        why = "the machine is slower than real time"
+        if audio - elapsed > elapsed - fed:
+            why = (
+                f"the client sent audio faster than real time ({client:.1f} s of audio in "
+                f"{elapsed:.1f} s); send it at real time"
+            )
+        message = f"the model is {lag:.1f} s behind the audio (the bound is {bound:g} s): {why}"
+        self.fail("lag_exceeded", message, CLOSE_TRY_AGAIN)
         return True
 
     def drop_work(self) -> None:

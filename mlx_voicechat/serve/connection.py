@@ -50,7 +50,6 @@ class Conversation(Channel):
         self.mcp = McpRunner(self, self.protocol.mcp.policy)  # MCP calls: not on the worker
         self.base = 0  # samples fed before the session now open (a restart opens a new one)
         self.cancel_pending = False
-        self.t0: Optional[float] = None  # when the first audio arrived
         # Samples past the last frame that the audio so far completes: held here, not fed, so
         # that input_audio_buffer.clear can drop them (the session keeps no partial frame).
         self.held = np.zeros(0, np.float32)
@@ -303,9 +302,8 @@ class Conversation(Channel):
             await self._feed(samples)
         d["fed"] += frames
         replied = p.responses_done > d["done"]
-        if p.response is None and (replied or d["fed"] >= self.server.commit_frames):
-            self._end_drain()
-        elif d["fed"] >= self.server.max_reply_frames:
+        quiet = p.response is None and (replied or d["fed"] >= self.server.commit_frames)
+        if quiet or d["fed"] >= self.server.max_reply_frames:
             self._end_drain()
 
     def _end_drain(self) -> None:

@@ -9,7 +9,7 @@ import json
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from .wire import Event, EventSource, ProtocolError, _new_id
+from .wire import Event, EventSource, _new_id, invalid
 
 MAX_ITEMS = 256  # conversation items kept for conversation.item.retrieve (the oldest go first)
 MAX_ITEM_CHARS = 4 << 20  # ... and at most this much of their JSON, all together
@@ -72,9 +72,7 @@ class ItemRecord:
     def _known(self, event: dict) -> str:
         item_id = event.get("item_id")
         if not isinstance(item_id, str) or item_id not in self.items:
-            raise ProtocolError(
-                "invalid_value", f"no item {str(item_id)[:80]!r} in this conversation", "item_id"
-            )
+            raise invalid(f"no item {str(item_id)[:80]!r} in this conversation", "item_id")
         return item_id
 
     def retrieve(self, event: dict):

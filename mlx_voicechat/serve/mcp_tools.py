@@ -29,7 +29,7 @@ from ..nemotron_voicechat.runtime.mcp_config import (
     shown_url,
 )
 from ..nemotron_voicechat.runtime.tools import MAX_TOOLS
-from .wire import Event, ProtocolError, ToolResult, _new_id
+from .wire import Event, ProtocolError, ToolResult, _new_id, invalid
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _names(value, param: str) -> Optional[Tuple[str, ...]]:
         if value is None:
             return None
     if not of_strings(value, list):
-        raise ProtocolError("invalid_value", f"`{param}` must list tool names", param)
+        raise invalid(f"`{param}` must list tool names", param)
     return tuple(value)
 
 
@@ -126,13 +126,11 @@ class McpTools:
                 rest.append(tool)
         labels = [s.label for s in wanted]
         if len(set(labels)) != len(labels):
-            raise ProtocolError("invalid_value", "two mcp tools have one server_label",
-                                "session.tools")
+            raise invalid("two mcp tools have one server_label", "session.tools")
         for s in wanted:
             old = self.servers.get(s.label)
             if old is not None and not old.same(s):
-                raise ProtocolError(
-                    "invalid_value",
+                raise invalid(
                     f"server_label {s.label!r} already names another MCP server in this session; "
                     "give the new one a label of its own",
                     "session.tools",
@@ -149,19 +147,12 @@ class McpTools:
     def _parse(self, tool: dict, param: str) -> _Server:
         label = tool.get("server_label")
         if not is_name(label):
-            raise ProtocolError(
-                "invalid_value",
-                "server_label must be a non-empty string of letters, digits, _ and -",
-                f"{param}.server_label",
-            )
+            raise invalid("server_label must be a non-empty string of letters, digits, _ and -",
+                          f"{param}.server_label")
         url = tool.get("server_url")
         if not is_http_url(url):
-            raise ProtocolError(
-                "invalid_value",
-                "an mcp tool needs a server_url (http:// or https://); connectors and tunnels "
-                "are not served",
-                f"{param}.server_url",
-            )
+            raise invalid("an mcp tool needs a server_url (http:// or https://); connectors and "
+                          "tunnels are not served", f"{param}.server_url")
         if not self.policy.allows(url):
             allowed = ", ".join(self.policy.allow) or "none: start serve with --mcp-allow PREFIX"
             raise ProtocolError(
@@ -172,17 +163,15 @@ class McpTools:
             )
         headers = tool.get("headers") or {}
         if not of_strings(headers, dict):
-            raise ProtocolError("invalid_value", "`headers` must be an object of strings",
-                                f"{param}.headers")
+            raise invalid("`headers` must be an object of strings", f"{param}.headers")
         if isinstance(tool.get("authorization"), str):
             headers = dict(headers, Authorization=f"Bearer {tool['authorization']}")
         approval = tool.get("require_approval")
         if approval is None:
             approval = "always"  # OpenAI's default: ask before data goes to a server
         if not (approval in ("always", "never") or isinstance(approval, dict)):
-            raise ProtocolError("invalid_value",
-                                'require_approval must be "always", "never" or a filter object',
-                                f"{param}.require_approval")
+            raise invalid('require_approval must be "always", "never" or a filter object',
+                          f"{param}.require_approval")
         if isinstance(approval, dict):
             for key in ("always", "never"):
                 _names(approval.get(key), f"{param}.require_approval.{key}")
@@ -228,9 +217,9 @@ class McpTools:
         model's session with the new tools if it runs already."""
         s = self.servers[label]
         p = self.p
-        if error is None and s.allowed is not None:
-            tools = [t for t in tools if t.name in s.allowed]
         if error is None:
+            if s.allowed is not None:
+                tools = [t for t in tools if t.name in s.allowed]
             others = len(p.tools) + sum(
                 len(o.tools) for o in self.servers.values() if o.active and o is not s
             )
@@ -271,10 +260,14 @@ class McpTools:
         # "always" named, or not named in "never": asked, as OpenAI does
         return tool not in (_names(a.get("never"), "never") or ())
 
-    def _own_response(self) -> Tuple[str, Event]:
-        rid = _new_id("resp")
-        obj = self.p.responses.response_object("in_progress", [], r={"id": rid})
-        return rid, self.p._event("response.created", response=obj)
+    def _own_response(self, item: dict) -> Tuple[str, List[Event]]:
+        """The first events of a response of our own, ``item`` its one output."""
+        p, rid = self.p, _new_id("resp")
+        obj = p.responses.response_object("in_progress", [], r={"id": rid})
+        return rid, [p._event("response.created", response=obj),
+                     p._event("response.output_item.added", response_id=rid, output_index=0,
+                              item=item),
+                     p.responses.record.add(item)]
 
     def _end_response(self, rid: str, item: dict) -> List[Event]:
         """The last events of a response of our own, ``item`` its one output."""
@@ -295,14 +288,11 @@ class McpTools:
         return self._start(job)
 
     def _ask(self, job: McpJob) -> List[Event]:
-        p = self.p
-        rid, created = self._own_response()
         item = {"id": _new_id("item"), "object": "realtime.item", "type": "mcp_approval_request",
                 "server_label": job.server.label, "name": job.tool, "arguments": job.arguments}
         self.approvals[item["id"]] = job
-        return [created,
-                p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-                p.responses.record.add(item), *self._end_response(rid, item)]
+        rid, events = self._own_response(item)
+        return events + self._end_response(rid, item)
 
     def _item(self, job: McpJob, **fields) -> dict:
         item = {"id": job.item_id, "object": "realtime.item", "type": "mcp_call",
@@ -313,14 +303,10 @@ class McpTools:
 
     def _start(self, job: McpJob) -> List[Event]:
         p = self.p
-        rid, created = self._own_response()
-        job.item_id, job.response_id = _new_id("item"), rid
-        item = self._item(job, arguments="")
-        ref = dict(response_id=rid, item_id=job.item_id, output_index=0)
-        events = [
-            created,
-            p._event("response.output_item.added", response_id=rid, output_index=0, item=item),
-            p.responses.record.add(item),
+        job.item_id = _new_id("item")
+        job.response_id, events = self._own_response(self._item(job, arguments=""))
+        ref = dict(response_id=job.response_id, item_id=job.item_id, output_index=0)
+        events += [
             p._event("response.mcp_call_arguments.delta", delta=job.arguments, **ref),
             p._event("response.mcp_call_arguments.done", arguments=job.arguments, **ref),
             p._event("response.mcp_call.in_progress", item_id=job.item_id, output_index=0),
@@ -352,21 +338,17 @@ class McpTools:
         p = self.p
         request = item.get("approval_request_id")
         if not isinstance(request, str) or request not in self.approvals:
-            raise ProtocolError("invalid_value",
-                                f"approval_request_id {request!r} is not an approval request of "
-                                "this session that waits for an answer",
-                                "item.approval_request_id")
+            raise invalid(f"approval_request_id {request!r} is not an approval request of this "
+                          "session that waits for an answer", "item.approval_request_id")
         approve = item.get("approve")
         if not isinstance(approve, bool):
-            raise ProtocolError("invalid_value", "`approve` must be true or false",
-                                "item.approve")
+            raise invalid("`approve` must be true or false", "item.approve")
         job = self.approvals.pop(request)
         done = {"id": item.get("id") if isinstance(item.get("id"), str) else _new_id("item"),
                 "object": "realtime.item", "type": "mcp_approval_response",
                 "approval_request_id": request, "approve": approve,
                 "reason": item.get("reason") if isinstance(item.get("reason"), str) else None}
-        events = [p.responses.record.add(done),
-                  p.responses.record.done(done)]
+        events = [p.responses.record.add(done), p.responses.record.done(done)]
         if not approve:
             why = f": {done['reason']}" if done["reason"] else ""
             refused = json.dumps({"error": f"the user did not approve the call{why}"})

@@ -14,6 +14,7 @@ from ..nemotron_voicechat.runtime.request import resolve_system_prompt
 from .mcp_tools import McpPolicy, McpTools
 from .responses import MAX_REQUESTS, Responses
 from .wire import (
+    COMMIT_EMPTY,
     DEFAULT_RATE,
     INPUT_RATES,
     MODEL_INPUT_RATE,
@@ -27,6 +28,7 @@ from .wire import (
     Resampler,
     Start,
     format_rate,
+    invalid,
     modalities_of,
     session_of,
     tools_of,
@@ -70,19 +72,13 @@ class Realtime(ClientProtocol):
 
     # -- the conversation (serve/responses.py), as the transport and the tests read it --
 
-    def frames(self, frame_events) -> List[Event]:
-        """Server events for frames the session emitted (:class:`FrameEvent` objects)."""
-        return self.responses.frames(frame_events)
-
     def commit_done(self) -> List[Event]:
-        return self.responses.commit_done()
+        """The trailing silence of a commit has been fed: the user's item is complete."""
+        return self.responses.close_user_item()
 
-    def stats(self, **fields) -> List[Event]:
-        return self.responses.stats(**fields)
-
-    def tool_injection(self, call_id: str, frames: int) -> List[Event]:
-        return self.responses.tool_injection(call_id, frames)
-
+    frames = property(lambda self: self.responses.frames)
+    stats = property(lambda self: self.responses.stats)
+    tool_injection = property(lambda self: self.responses.tool_injection)
     response = property(lambda self: self.responses.response)
     responses_done = property(lambda self: self.responses.responses_done)
     items = property(lambda self: self.responses.record.items)
@@ -143,11 +139,7 @@ class Realtime(ClientProtocol):
         session, a_in, a_out = session_of(event)
         kind = session.get("type", "realtime")
         if kind != "realtime":
-            raise ProtocolError(
-                "invalid_value",
-                f'session.type {kind!r} is not served; use "realtime"',
-                "session.type",
-            )
+            raise invalid(f'session.type {kind!r} is not served; use "realtime"', "session.type")
         client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         new: dict = {}
         refused: List[ProtocolError] = []
@@ -190,17 +182,14 @@ class Realtime(ClientProtocol):
         if text is None:
             return None
         if not isinstance(text, str):
-            raise ProtocolError(
-                "invalid_value", "`instructions` must be a string", "session.instructions"
-            )
+            raise invalid("`instructions` must be a string", "session.instructions")
         self._check_length(len(text), "session.instructions")
         return text  # "" is no prompt, not the default
 
     def _check_length(self, chars: int, param: str) -> None:
         most = self.max_instructions_chars
         if most is not None and chars > most:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"`instructions` would be {chars} characters; at most {most} fit the prompt "
                 "this server takes",
                 param,
@@ -223,12 +212,9 @@ class Realtime(ClientProtocol):
 
     def _commit(self, event: dict):
         if not self.started:
-            raise ProtocolError(
-                "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
-            )
-        c, events = self.responses, []
-        if c.user_item is None:
-            events += c.open_user_item()
+            raise ProtocolError(*COMMIT_EMPTY)
+        c = self.responses
+        events = c.open_user_item()
         item = c.user_item
         previous = c.record.prev(item)
         events.append(
@@ -246,9 +232,7 @@ class Realtime(ClientProtocol):
         r = event.get("response") if isinstance(event.get("response"), dict) else {}
         metadata = r.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise ProtocolError(
-                "invalid_value", "`response.metadata` must be an object", "response.metadata"
-            )
+            raise invalid("`response.metadata` must be an object", "response.metadata")
         if r.get("conversation") == "none":
             # an out-of-band response: nothing in the conversation changes, and this model
             # writes nothing outside its conversation
@@ -268,17 +252,13 @@ class Realtime(ClientProtocol):
             )
         wanted = event.get("response_id")
         if wanted is not None and wanted != self.response["id"]:
-            raise ProtocolError(
-                "invalid_value",
-                f"response {wanted!r} is not the response in progress",
-                "response_id",
-            )
+            raise invalid(f"response {wanted!r} is not the response in progress", "response_id")
         return self.responses.close_response("cancelled"), [Cancel()]
 
     def _item_create(self, event: dict):
         item = event.get("item")
         if not isinstance(item, dict):
-            raise ProtocolError("invalid_value", "`item` must be an object", "item")
+            raise invalid("`item` must be an object", "item")
         kind = item.get("type")
         if kind == "function_call_output":
             return self.responses.tool_output(item)
@@ -288,8 +268,7 @@ class Realtime(ClientProtocol):
             return self._message(item, event.get("previous_item_id"))
         if kind == "function_call":  # a client's record of an earlier call: kept, not run
             return self.responses.record.client_item(item, "function_call"), []
-        raise ProtocolError(
-            "invalid_value",
+        raise invalid(
             f"item type {kind!r} is not one of message, function_call, function_call_output, "
             "mcp_approval_response",
             "item.type",
@@ -303,16 +282,13 @@ class Realtime(ClientProtocol):
         returns it) but the model does not hear it."""
         role = item.get("role")
         if role not in ("user", "assistant") + NOTE_ROLES:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"message role {role!r} is not one of user, assistant, system, developer",
                 "item.role",
             )
         content = item.get("content")
         if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
-            raise ProtocolError(
-                "invalid_value", "`item.content` must be a list of objects", "item.content"
-            )
+            raise invalid("`item.content` must be a list of objects", "item.content")
         commands: List[Command] = []
         if role in NOTE_ROLES:
             text = "".join(c["text"] for c in content if isinstance(c.get("text"), str)).strip()

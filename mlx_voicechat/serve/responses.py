@@ -13,11 +13,11 @@ from .wire import (
     FRAME_SECONDS,
     MODEL_OUTPUT_RATE,
     Event,
-    ProtocolError,
     Resampler,
     ToolResult,
     _new_id,
     encode_pcm16,
+    invalid,
 )
 
 MAX_REQUESTS = 16  # response.create requests that may wait for the model at once
@@ -61,6 +61,10 @@ class Responses:
     # -- items --
 
     def open_user_item(self) -> List[Event]:
+        """Open the user's item unless one is open (its ``conversation.item.added``, or
+        nothing)."""
+        if self.user_item is not None:
+            return []
         self.user_item = _new_id("item")
         self._user_text = []
         self._user_frames = 0
@@ -92,8 +96,7 @@ class Responses:
             if self.user_item is not None:
                 self._user_frames += 1
             if f.transcript and self.s.transcription:
-                if self.user_item is None:
-                    out += self.open_user_item()
+                out += self.open_user_item()
                 self._user_text.append(f.transcript)
                 out.append(self.s.transcript_delta(self.user_item, f.transcript))
             if f.turn == "start":
@@ -315,14 +318,13 @@ class Responses:
         """A client's ``function_call_output`` for a call that waits for it."""
         call_id, output = item.get("call_id"), item.get("output")
         if not isinstance(call_id, str) or call_id not in self.calls:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"call_id {call_id!r} is not a function call of this session that waits for "
                 "its output",
                 "item.call_id",
             )
         if not isinstance(output, str):
-            raise ProtocolError("invalid_value", "`output` must be a string", "item.output")
+            raise invalid("`output` must be a string", "item.output")
         del self.calls[call_id]
         item_id = item.get("id") if isinstance(item.get("id"), str) else _new_id("item")
         done = _item(
@@ -337,17 +339,13 @@ class Responses:
         item_id = event.get("item_id")
         sent = self.assistant_items
         if not isinstance(item_id, str) or item_id not in sent:
-            raise ProtocolError("invalid_value", f"no assistant item {item_id!r}", "item_id")
+            raise invalid(f"no assistant item {item_id!r}", "item_id")
         end_ms = event.get("audio_end_ms")
         if not is_int(end_ms) or end_ms < 0:
-            raise ProtocolError(
-                "invalid_value", "`audio_end_ms` must be an integer >= 0", "audio_end_ms"
-            )
+            raise invalid("`audio_end_ms` must be an integer >= 0", "audio_end_ms")
         if end_ms > sent[item_id]:
-            raise ProtocolError(
-                "invalid_value",
-                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent",
-                "audio_end_ms",
+            raise invalid(
+                f"audio_end_ms {end_ms} is past the {sent[item_id]} ms sent", "audio_end_ms"
             )
         return [
             self._event(
@@ -356,10 +354,6 @@ class Responses:
         ], []
 
     # -- transport notices --
-
-    def commit_done(self) -> List[Event]:
-        """The trailing silence of a commit has been fed: the user's item is complete."""
-        return self.close_user_item()
 
     def tool_injection(self, call_id: str, frames: int) -> List[Event]:
         """A vendor event: the result of ``call_id`` is being fed to the model, one token per

@@ -8,6 +8,7 @@ error shape (``invalid_request_error``, code ``invalid_api_key``).
 """
 
 import hmac
+import json
 import secrets as _random
 import threading
 import time
@@ -135,8 +136,6 @@ class PresetSocket:
 
     async def receive(self):
         if self._first is not None:
-            import json
-
             first, self._first = self._first, None
             return {"type": "websocket.receive", "text": json.dumps(first)}
         return await self._ws.receive()

@@ -31,10 +31,8 @@ class SpeechEvents:
         for edge in self.detector.push(samples):
             ms = max(0, (edge.sample + shift) * 1000 // MODEL_INPUT_RATE)
             if edge.kind == "started":
-                c = p.responses
-                if c.user_item is None:  # the item the user's words will go into
-                    out += c.open_user_item()
-                self._item = c.user_item
+                out += p.responses.open_user_item()  # the item the user's words will go into
+                self._item = p.responses.user_item
                 out.append(
                     p._event(
                         "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._item

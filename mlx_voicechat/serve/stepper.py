@@ -77,9 +77,7 @@ class Stepper:
             loop.call_soon_threadsafe(_settle, future, None, e)
             return
         self._waiting.append((handle, future, loop))
-        if not self._scheduled:
-            self._scheduled = True
-            self.worker.submit(self._step)
+        self._schedule(always=True)
 
     def _step(self) -> None:  # on the worker, behind every push queued before it
         self._scheduled = False
@@ -91,13 +89,12 @@ class Stepper:
             # others' pushes); all that are in when one conversation is alone.
             out = batch.step(max_rounds=1 if len(batch) > 1 else None)
         except BaseException as e:
-            for handle, future, loop in waiting:
-                self._held.pop(handle, None)
-                loop.call_soon_threadsafe(_settle, future, None, e)
+            self._reject(waiting, e)
             return
         seconds = time.perf_counter() - t
-        if batch.last_rounds:
-            self._note_round(seconds / batch.last_rounds)
+        if batch.last_rounds:  # a round's time, smoothed
+            r, s = self.round_seconds, seconds / batch.last_rounds
+            self.round_seconds = s if r is None else 0.8 * r + 0.2 * s
         if self.on_step is not None:
             self.on_step([len(events) for events in out.values()], seconds)
         for handle, future, loop in waiting:
@@ -112,18 +109,20 @@ class Stepper:
             self._prefill_slice()
         self._schedule()
 
-    def _schedule(self) -> None:
-        """Queue a step (one at a time) while a frame is ready or a prompt waits for slices;
-        a push that comes in meanwhile is run by that step."""
-        if not self._scheduled and self.batch.pending:
+    def _schedule(self, always: bool = False) -> None:
+        """Queue a step (one at a time) while a frame is ready or a prompt waits for slices
+        (``always``: after a push); a push that comes in meanwhile is run by that step."""
+        if not self._scheduled and (always or self.batch.pending):
             self._scheduled = True
             self.worker.submit(self._step)
 
-    # -- a joining prompt in slices --
+    def _reject(self, waiting: List[tuple], error: BaseException) -> None:
+        """The pushes ``waiting`` hear of ``error``; their held events are dropped."""
+        for handle, future, loop in waiting:
+            self._held.pop(handle, None)
+            loop.call_soon_threadsafe(_settle, future, None, error)
 
-    def _note_round(self, seconds: float) -> None:
-        r = self.round_seconds
-        self.round_seconds = seconds if r is None else 0.8 * r + 0.2 * seconds
+    # -- a joining prompt in slices --
 
     def _prefill_slice(self) -> None:
         """One slice of the joining prompt, about a round's time when others are live (the
@@ -154,14 +153,8 @@ class Stepper:
             self.slice_rows = batch.join_rows = fit
 
     def _fail(self, handle, error) -> None:
-        keep = []
-        for h, future, loop in self._waiting:
-            if h is handle:
-                self._held.pop(h, None)
-                loop.call_soon_threadsafe(_settle, future, None, error)
-            else:
-                keep.append((h, future, loop))
-        self._waiting = keep
+        self._reject([w for w in self._waiting if w[0] is handle], error)
+        self._waiting = [w for w in self._waiting if w[0] is not handle]
         handle.close()
 
     # -- start-up --

@@ -12,6 +12,7 @@ from typing import List, Optional
 import numpy as np
 
 from .wire import (
+    COMMIT_EMPTY,
     INPUT_RATES,
     MAX_EVENT_BYTES,
     MODEL_INPUT_RATE,
@@ -25,6 +26,7 @@ from .wire import (
     Start,
     _new_id,
     format_rate,
+    invalid,
     session_of,
 )
 
@@ -93,8 +95,7 @@ class TranscriptionRealtime(ClientProtocol):
         beta = event["type"] == "transcription_session.update"
         session, a_in, _ = session_of(event)
         if not beta and session.get("type", TRANSCRIPTION) != TRANSCRIPTION:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"this connection is a transcription session; session.type {session.get('type')!r}"
                 ' cannot be served on it (open a new connection for "realtime")',
                 "session.type",
@@ -108,18 +109,15 @@ class TranscriptionRealtime(ClientProtocol):
         t = a_in.get("transcription", session.get("input_audio_transcription"))
         if t is not None:
             if not isinstance(t, dict):
-                raise ProtocolError(
-                    "invalid_value", "`transcription` must be an object", "session.audio.input"
-                )
+                raise invalid("`transcription` must be an object", "session.audio.input")
             if t.get("language") is not None and not isinstance(t["language"], str):
-                raise ProtocolError("invalid_value", "`language` must be a string", "language")
+                raise invalid("`language` must be a string", "language")
             new["language"] = t.get("language") or None
             if isinstance(t.get("model"), str):
                 new["transcription_model"] = t["model"]
         td = a_in.get("turn_detection", session.get("turn_detection"))
         if td is not None:
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 "turn_detection is not served: set it to null and end each item with "
                 "input_audio_buffer.commit",
                 "session.audio.input.turn_detection",
@@ -151,9 +149,7 @@ class TranscriptionRealtime(ClientProtocol):
 
     def _commit(self, event: dict):
         if self.item is None:
-            raise ProtocolError(
-                "input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended"
-            )
+            raise ProtocolError(*COMMIT_EMPTY)
         committed = self._event(
             "input_audio_buffer.committed", item_id=self.item, previous_item_id=self.previous
         )

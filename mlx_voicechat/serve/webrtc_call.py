@@ -341,15 +341,8 @@ class Call:
             if self.socket.channel is not None:
                 return
             self.socket.channel = channel
-
-            @channel.on("message")
-            def on_message(message):
-                self.socket.message(message)
-
-            @channel.on("close")
-            def on_close():
-                self.socket.disconnect()
-
+            channel.on("message", self.socket.message)
+            channel.on("close", self.socket.disconnect)
             if channel.readyState == "open":
                 self.channel_open.set()
             else:

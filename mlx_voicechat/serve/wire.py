@@ -28,6 +28,7 @@ DEFAULT_RATE = 24000  # Hz, the Realtime protocol's PCM rate
 INPUT_RATES = (24000, 16000)
 OUTPUT_RATES = (24000, 22050)
 MAX_EVENT_BYTES = 1 << 20  # a client event larger than this is refused
+COMMIT_EMPTY = ("input_audio_buffer_commit_empty", "nothing to commit: no audio has been appended")
 PCM16_SCALE = 32768.0
 
 Event = Dict[str, Any]
@@ -91,13 +92,18 @@ class ProtocolError(Exception):
         self.param = param
 
 
+def invalid(message: str, param: Optional[str] = None) -> ProtocolError:
+    """The error of a client event that holds a value the server cannot take."""
+    return ProtocolError("invalid_value", message, param)
+
+
 # --- audio at the edges -------------------------------------------------------------------
 
 
 def decode_pcm16(audio: Any) -> np.ndarray:
     """Base64 PCM16 LE mono -> float32 in [-1, 1)."""
     if not isinstance(audio, str):
-        raise ProtocolError("invalid_value", "`audio` must be a base64 string", "audio")
+        raise invalid("`audio` must be a base64 string", "audio")
     try:
         raw = base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
@@ -133,8 +139,7 @@ def modalities_of(session: dict) -> None:
     """Refuses ``output_modalities`` without audio: this model always speaks."""
     modalities = session.get("output_modalities", session.get("modalities"))
     if modalities is not None and (not isinstance(modalities, list) or "audio" not in modalities):
-        raise ProtocolError(
-            "invalid_value",
+        raise invalid(
             "this model always answers in audio (with its transcript): output_modalities "
             'must include "audio"',
             "session.output_modalities",
@@ -148,7 +153,7 @@ def tools_of(session: dict) -> Optional[List[dict]]:
     try:
         return normalize_tools(session["tools"])
     except ToolError as e:
-        raise ProtocolError("invalid_value", str(e), "session.tools") from None
+        raise invalid(str(e), "session.tools") from None
 
 
 def _object(value) -> dict:
@@ -160,7 +165,7 @@ def session_of(event: dict) -> Tuple[dict, dict, dict]:
     absent)."""
     session = event.get("session")
     if not isinstance(session, dict):
-        raise ProtocolError("invalid_value", "`session` must be an object", "session")
+        raise invalid("`session` must be an object", "session")
     audio = _object(session.get("audio"))
     return session, _object(audio.get("input")), _object(audio.get("output"))
 
@@ -170,26 +175,21 @@ def format_rate(ga, beta, rates: Tuple[int, ...], which: str) -> Optional[int]:
     param = f"session.audio.{which}.format"
     if ga is not None:
         if not isinstance(ga, dict):
-            raise ProtocolError("invalid_value", f"`{param}` must be an object", param)
+            raise invalid(f"`{param}` must be an object", param)
         kind = ga.get("type", "audio/pcm")
         if kind != "audio/pcm":
-            raise ProtocolError(
-                "invalid_value", f'audio format {kind!r} is not served; use "audio/pcm"', param
-            )
+            raise invalid(f'audio format {kind!r} is not served; use "audio/pcm"', param)
         rate = ga.get("rate", DEFAULT_RATE)
         if rate not in rates or isinstance(rate, bool):
-            raise ProtocolError(
-                "invalid_value",
+            raise invalid(
                 f"{which} rate {rate!r} is not served; use one of {', '.join(map(str, rates))}",
                 param,
             )
         return int(rate)
     if beta is not None:
         if beta != "pcm16":
-            raise ProtocolError(
-                "invalid_value",
-                f'audio format {beta!r} is not served; use "pcm16"',
-                f"session.{which}_audio_format",
+            raise invalid(
+                f'audio format {beta!r} is not served; use "pcm16"', f"session.{which}_audio_format"
             )
         return DEFAULT_RATE
     return None

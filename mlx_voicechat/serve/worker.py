@@ -30,8 +30,8 @@ class Worker:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
         self._busy = False  # a job runs
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
 
     @classmethod
     def shared(cls) -> "Worker":
@@ -79,18 +79,14 @@ class Worker:
         self._stopping = True
         self._jobs.put(None)
         deadline = time.monotonic() + max(0.0, timeout)
-        while self._thread.is_alive():
+        while self.thread.is_alive():
             if self._busy:
-                _raise_in(self._thread, WorkerStopped)
+                _raise_in(self.thread, WorkerStopped)
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._thread.join(min(left, 0.2))
-        return not self._thread.is_alive()
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
+            self.thread.join(min(left, 0.2))
+        return not self.thread.is_alive()
 
 
 def _raise_in(thread: threading.Thread, exc: type) -> None:
