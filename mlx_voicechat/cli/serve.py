@@ -145,7 +145,6 @@ def add_parser(subparsers):
     from . import serve_ray
 
     serve_ray.add_arguments(p)
-    p.set_defaults(func=run)
     return p
 
 

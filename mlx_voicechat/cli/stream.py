@@ -37,7 +37,6 @@ def add_parser(subparsers):
         help="feed the chunks at real time (80 ms apart), as a microphone would",
     )
     add_recognizer_options(p)
-    p.set_defaults(func=run)
     return p
 
 

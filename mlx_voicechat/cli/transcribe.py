@@ -37,7 +37,6 @@ def add_parser(subparsers):
         help="encoder frames (80 ms each) per chunk of the chunked encoder (VoiceChat)",
     )
     add_tokenizer_option(p)
-    p.set_defaults(func=run)
     return p
 
 
