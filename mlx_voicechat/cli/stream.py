@@ -74,7 +74,6 @@ class WordPrinter:
         self.end()
         self.out.write(f"[{label}] {_printable(text)}\n")
         self.out.flush()
-        self.channel = None
 
     def write(self, label: str, delta: str) -> None:
         if label != self.channel:
