@@ -1,9 +1,9 @@
 """``mlx-voicechat``: one subcommand per verb. Errors are one line on stderr and exit code 2.
 
 Each verb is a module ``mlx_voicechat.cli.<verb>`` (a line in ``VERBS``) with
-``add_parser(subparsers)`` and ``run(args) -> int``. Verbs import heavy modules inside ``run``:
-``--help`` stays quick, and no ``mlx_lm.utils`` import lowers the open-file limits before
-``serve`` saves them.
+``add_parser(subparsers)`` (returning its parser) and ``run(args) -> int``. Verbs import heavy
+modules inside ``run``: ``--help`` stays quick, and no ``mlx_lm.utils`` import lowers the
+open-file limits before ``serve`` saves them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for verb in VERBS:
-        importlib.import_module(f"{__name__}.{verb}").add_parser(sub)
+        module = importlib.import_module(f"{__name__}.{verb}")
+        module.add_parser(sub).set_defaults(func=module.run)
     return p
 
 

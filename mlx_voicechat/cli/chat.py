@@ -44,7 +44,6 @@ def add_parser(subparsers):
             default=None,
             help=f"{device}: PortAudio device index or name (default: the system's)",
         )
-    p.set_defaults(func=run)
     return p
 
 

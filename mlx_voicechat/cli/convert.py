@@ -35,7 +35,6 @@ def add_parser(subparsers):
         help="also quantize the TTS backbone and MoG head (8 bits)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
     return p
 
 

@@ -21,7 +21,6 @@ def add_parser(subparsers):
     extra = "seconds of silence appended so the model can finish (default 3)"
     add_file_options(p, output_required=True, extra_help=extra)
     p.add_argument("--quiet", action="store_true", help="print no progress bar")
-    p.set_defaults(func=run)
     return p
 
 

@@ -18,7 +18,6 @@ def add_parser(subparsers):
         help="also (or only) describe this process: MLX, its devices and the BLAS in effect",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
     return p
 
 

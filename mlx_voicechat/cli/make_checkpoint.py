@@ -32,7 +32,6 @@ def add_parser(subparsers):
         action="store_true",
         help="replace DIR if it is a checkpoint folder this command wrote (nothing else in it)",
     )
-    mk.set_defaults(func=run)
     return mk
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from functools import partial
 
 from .options import (
     MODEL_HELP,
@@ -29,6 +30,7 @@ def add_parser(subparsers):
             "--ssl-certfile)."
         ),
     )
+    seconds = partial(p.add_argument, type=float, metavar="SECONDS")  # a duration option
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -61,11 +63,9 @@ def add_parser(subparsers):
         default=10.0,
         help="close a connection whose audio waits longer than this (default 10)",
     )
-    p.add_argument(
+    seconds(
         "--idle-timeout",
-        type=float,
         default=180.0,
-        metavar="SECONDS",
         help="close a connection that sends no audio for this long, error idle_timeout and "
         "close 4408 (default 180; 0: never)",
     )
@@ -82,19 +82,14 @@ def add_parser(subparsers):
         help="open connections at most; past it the oldest one still sending its request is "
         "closed (default 1000)",
     )
-    p.add_argument(
+    seconds(
         "--header-timeout",
-        type=float,
         default=10.0,
-        metavar="SECONDS",
-        help="close a connection whose request headers are not all in after this long "
-        "(default 10)",
+        help="close a connection whose request headers are not all in after this long (default 10)",
     )
-    p.add_argument(
+    seconds(
         "--keep-alive-timeout",
-        type=float,
         default=5.0,
-        metavar="SECONDS",
         help="close an idle HTTP keep-alive connection after this long (uvicorn's "
         "timeout_keep_alive, default 5)",
     )
@@ -119,18 +114,14 @@ def add_parser(subparsers):
         help="URL prefix of MCP servers a client's mcp tools may name (repeatable; default none, "
         "so no client makes the server connect anywhere; needs the [mcp] extra)",
     )
-    p.add_argument(
+    seconds(
         "--tool-timeout",
-        type=float,
         default=30.0,
-        metavar="SECONDS",
         help="how long an MCP tool call may take before it fails (default 30)",
     )
-    p.add_argument(
+    seconds(
         "--shutdown-timeout",
-        type=float,
         default=10.0,
-        metavar="SECONDS",
         help="on SIGINT / SIGTERM, end within this long: live conversations get an error "
         "event and close 1012, the work in flight is dropped (default 10)",
     )
@@ -145,7 +136,6 @@ def add_parser(subparsers):
     from . import serve_ray
 
     serve_ray.add_arguments(p)
-    p.set_defaults(func=run)
     return p
 
 

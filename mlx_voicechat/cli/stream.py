@@ -37,7 +37,6 @@ def add_parser(subparsers):
         help="feed the chunks at real time (80 ms apart), as a microphone would",
     )
     add_recognizer_options(p)
-    p.set_defaults(func=run)
     return p
 
 
@@ -75,7 +74,6 @@ class WordPrinter:
         self.end()
         self.out.write(f"[{label}] {_printable(text)}\n")
         self.out.flush()
-        self.channel = None
 
     def write(self, label: str, delta: str) -> None:
         if label != self.channel:

@@ -37,7 +37,6 @@ def add_parser(subparsers):
         help="encoder frames (80 ms each) per chunk of the chunked encoder (VoiceChat)",
     )
     add_tokenizer_option(p)
-    p.set_defaults(func=run)
     return p
 
 
@@ -58,19 +57,16 @@ def run(args, load_fn=None) -> int:
         raise VoiceChatError("no audio file given (transcribe --model M a.wav [b.wav ...])")
     clips = [load_audio(p) for p in paths]  # a bad file fails before the model loads
     model = load_fn(args.model)
-    language, prompt_id = args.language, args.prompt_id
-    if getattr(model, "resolve_prompt", None) is not None:  # a Nemotron-3.5-ASR recognizer
-        kw = dict(language=language, prompt_id=prompt_id, edge=args.edge)
-        if args.benchmark:
-            model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], **kw)
-        results = model.transcribe(clips, **kw)
+    batch = getattr(model, "resolve_prompt", None) is not None  # a Nemotron-3.5-ASR recognizer
+    if batch:
+        kw = dict(language=args.language, prompt_id=args.prompt_id, edge=args.edge)
+    elif args.language is not None or args.prompt_id is not None:
+        raise VoiceChatError("--language and --prompt-id are for a Nemotron-3.5-ASR checkpoint")
     else:
-        if language is not None or prompt_id is not None:
-            raise VoiceChatError("--language and --prompt-id are for a Nemotron-3.5-ASR checkpoint")
-        chunk = args.chunk_frames
-        if args.benchmark:
-            model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], chunk_size=chunk)
-        results = [model.transcribe(c, chunk_size=chunk) for c in clips]
+        kw = dict(chunk_size=args.chunk_frames)
+    if args.benchmark:
+        model.transcribe(clips[0][: int(WARMUP_SECONDS * INPUT_SAMPLE_RATE)], **kw)
+    results = model.transcribe(clips, **kw) if batch else [model.transcribe(c, **kw) for c in clips]
     batched = getattr(results[0].timings, "clips", 1) > 1  # one report for the batch
     for path, result in zip(paths, results):
         prefix = f"{path}: " if len(paths) > 1 else ""
