@@ -148,13 +148,6 @@ def _to_mono(data: np.ndarray, channels_last: bool = False) -> np.ndarray:
     return data.mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
-def _check(samples: np.ndarray, what: str) -> None:
-    if samples.size == 0:
-        raise AudioError(f"{what} is empty")
-    if not np.all(np.isfinite(samples)):
-        raise AudioError(f"{what} contains NaN or infinite samples")
-
-
 def load_audio(
     source: Union[str, os.PathLike, np.ndarray, "mx.array"],  # noqa: F821
     sample_rate: int = INPUT_SAMPLE_RATE,
@@ -193,7 +186,10 @@ def load_audio(
         samples = _to_mono(_to_float(data))
     if rate <= 0:
         raise AudioError(f"sample rate must be positive, got {rate}")
-    _check(samples, what)
+    if samples.size == 0:
+        raise AudioError(f"{what} is empty")
+    if not np.all(np.isfinite(samples)):
+        raise AudioError(f"{what} contains NaN or infinite samples")
     if rate != sample_rate:
         from mlx_audio.resample import resample_audio_array
 

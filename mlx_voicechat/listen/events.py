@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from ..errors import VoiceChatError
-from .rnnt import LANGUAGE_TAG, SPECIAL_PIECES, WORD_BOUNDARY
+from .rnnt import WORD_BOUNDARY, read_piece
 from .textstream import TranscriptStream
 
 
@@ -35,15 +35,11 @@ class PieceText:
     stripped (a trailing ``▁`` stays a space). The deltas add up to :func:`piece_text`."""
 
     def __init__(self, vocabulary: Sequence[str]):
-        self.vocabulary = vocabulary
-        self._started = False
+        self.vocabulary, self._started = vocabulary, False
 
     def add(self, token_id: int) -> str:
-        i = int(token_id)
-        if not 0 <= i < len(self.vocabulary):
-            return ""  # the blank and anything past the vocabulary
-        piece = self.vocabulary[i]
-        if piece in SPECIAL_PIECES or LANGUAGE_TAG.match(piece):
+        piece, _ = read_piece(self.vocabulary, token_id)
+        if piece is None:
             return ""
         if not self._started:
             self._started = True
@@ -54,8 +50,7 @@ class PieceText:
 
 def piece_text(ids: Sequence[int], vocabulary: Sequence[str]) -> str:
     """The text of recognizer ids (see :class:`PieceText`)."""
-    stream = PieceText(vocabulary)
-    return "".join(stream.add(i) for i in ids)
+    return "".join(map(PieceText(vocabulary).add, ids))
 
 
 class TranscriptEvents:
@@ -66,8 +61,7 @@ class TranscriptEvents:
     def __init__(self, vocabulary, language: Optional[str] = None, pieces: bool = False):
         """``pieces``: the recognizer's text (:class:`PieceText`, Transformers' decoding);
         otherwise the RNNT head's words (:class:`~.textstream.TranscriptStream`)."""
-        self.vocabulary = vocabulary
-        self.language = language
+        self.vocabulary, self.language = vocabulary, language
         self._stream = PieceText(vocabulary) if pieces else TranscriptStream(vocabulary)
         self._held = {}  # tokens of frames not complete yet
         self._done = 0  # frames handed out
@@ -84,10 +78,10 @@ class TranscriptEvents:
             ev = TranscriptEvent(f, by_frame.get(f, []))
             for t in ev.tokens:
                 ev.text += self._stream.add(t)
-                piece = self.vocabulary[t] if 0 <= t < len(self.vocabulary) else ""
-                if not self._tagged and LANGUAGE_TAG.match(piece):
+                _, tag = read_piece(self.vocabulary, t)
+                if tag and not self._tagged:
                     # The first tag is the detected language; it wins over a forced one.
-                    self.language, self._tagged = piece[1:-1], True
+                    self.language, self._tagged = tag, True
             ev.language = self.language
             events.append(ev)
         self._done = max(self._done, upto)

@@ -99,16 +99,12 @@ class ContextAttention(RelPositionMultiHeadAttention):
         """``linear_pos(pos_emb)`` per head, ``[B, heads, head_dim, 2 T - 1]`` contiguous,
         memoized for the last length (a full context's frames share it), per thread (lazy
         arrays belong to the thread that made them)."""
-
-        def build():
-            B, P, _ = pos_emb.shape
-            p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
-            return mx.contiguous(p.transpose(0, 2, 3, 1))
-
         mine = derived(self, "encoder.positions", threading.local)
         key = (pos_emb.shape, pos_emb.dtype)
         if getattr(mine, "key", None) != key:
-            mine.key, mine.value = key, build()
+            B, P, _ = pos_emb.shape
+            p = self.linear_pos(pos_emb).reshape(B, P, self.n_head, self.head_dim)
+            mine.key, mine.value = key, mx.contiguous(p.transpose(0, 2, 3, 1))
         return mine.value
 
     def __call__(self, x, pos, mask=None, cache_kv=None, valid=None):
@@ -208,8 +204,7 @@ class FastConformer(nn.Module):
     def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
         super().__init__()
         args = _conformer_args(cfg)
-        self.cfg = cfg
-        self.chunk_size = chunk_size
+        self.cfg, self.chunk_size = cfg, chunk_size
         self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
         self.pre_encode = Subsampling(args)
         self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
@@ -313,8 +308,8 @@ class FastConformer(nn.Module):
             lambda: compiled(lambda x, *a: self.steady_layers(x, a, phase)),
             fastpaths.enabled("encoder.convs"),
         )
-        per_row = [c.arrays() for c in caches]
-        arrays = per_row[0] if len(caches) == 1 else [mx.concatenate(a, axis=0) for a in zip(*per_row)]
+        rows = [c.arrays() for c in caches]
+        arrays = rows[0] if len(rows) == 1 else [mx.concatenate(a, axis=0) for a in zip(*rows)]
         x, *arrays = fn(x, *self.positions(self.left_context + T, x.dtype), *arrays)
         out = []
         for b, c in enumerate(caches):
@@ -323,7 +318,9 @@ class FastConformer(nn.Module):
             out.append(EncoderCache(layers, c.offset + T))
         return x, out
 
-    def step_rows(self, x: mx.array, caches: Sequence[EncoderCache]) -> Tuple[mx.array, List[EncoderCache]]:
+    def step_rows(
+        self, x: mx.array, caches: Sequence[EncoderCache]
+    ) -> Tuple[mx.array, List[EncoderCache]]:
         """One frame of each of ``B`` streams, ``x`` [B, 1, D], each on its own cache: the
         steady rows in one compiled call, the others grouped by offset."""
         phase = caches[0].offset % self.attention_chunk
@@ -331,8 +328,7 @@ class FastConformer(nn.Module):
             i for i, c in enumerate(caches)
             if self.steady(1, c) and c.offset % self.attention_chunk == phase
         ]
-        outs: List[Optional[mx.array]] = [None] * len(caches)
-        new: List[Optional[EncoderCache]] = [None] * len(caches)
+        outs, new = [None] * len(caches), [None] * len(caches)
         if steady:
             xs = x if len(steady) == len(caches) else x[mx.array(steady)]
             y, done = self._frame(xs, [caches[i] for i in steady])

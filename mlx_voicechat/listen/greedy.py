@@ -65,37 +65,28 @@ class GreedyDecoder:
     def __init__(self, net, batch: int = 1, window: int = WINDOW):
         if not is_int(window) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
-        self.net = net
-        self.blank = net.config.blank_id
-        self.max_symbols = net.config.max_symbols
-        self.batch = batch
-        self.window = window
+        self.net, self.batch, self.window = net, batch, window
+        self.blank, self.max_symbols = net.config.blank_id, net.config.max_symbols
         self.reset()
 
     def reset(self) -> None:
         B = self.batch
         self.rows = [RowState() for _ in range(B)]
         self._pred, (self._h, self._c) = self.net.start(B)
-        self._t = mx.zeros((B,), mx.int32)
-        self._sym = mx.zeros((B,), mx.int32)
+        self._t, self._sym = mx.zeros((B,), mx.int32), mx.zeros((B,), mx.int32)
         self._frames: Optional[mx.array] = None  # [B, T, J]: frames from _start on
         self._start = 0
 
     def arrays(self) -> List[mx.array]:
-        return [
-            a
-            for a in (self._pred, self._h, self._c, self._t, self._sym, self._frames)
-            if a is not None
-        ]
+        state = (self._pred, self._h, self._c, self._t, self._sym, self._frames)
+        return [a for a in state if a is not None]
 
     # -- frames ---------------------------------------------------------------------------------
 
     def push(self, frames: mx.array) -> None:
         """Append projected encoder frames [B, n, J] (the next ``n`` frames of every row)."""
-        if self._frames is None:
-            self._frames = frames
-        else:
-            self._frames = mx.concatenate([self._frames, frames], axis=1)
+        old = self._frames
+        self._frames = frames if old is None else mx.concatenate([old, frames], axis=1)
 
     @property
     def available(self) -> int:
@@ -217,9 +208,7 @@ def greedy_decode(
     same tokens)."""
     if encoded.ndim == 3:
         if encoded.shape[0] != 1:
-            raise ValueError(
-                f"greedy_decode takes one utterance, got a batch of {encoded.shape[0]}"
-            )
+            raise ValueError(f"greedy_decode takes one utterance, got a batch of {len(encoded)}")
         encoded = encoded[0]
     T = encoded.shape[0] if length is None else max(0, min(int(length), encoded.shape[0]))
     blank = joint.blank_id if blank_id is None else int(blank_id)

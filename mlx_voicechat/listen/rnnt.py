@@ -46,9 +46,8 @@ class RNNTDecoder(PredictNetwork):
     def __init__(self, cfg: RNNTDecoderConfig):
         super().__init__(PredictArgs(**cfg.to_dict()))
         self.blank_as_pad = cfg.blank_as_pad
-        self.prediction["dec_rnn"] = StackedLSTM(
-            cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers
-        )
+        hidden = cfg.pred_hidden
+        self.prediction["dec_rnn"] = StackedLSTM(hidden, hidden, cfg.pred_rnn_layers)
 
     def step(self, y: mx.array, state: Tuple[mx.array, mx.array]):
         """:func:`predict_step` on this network."""
@@ -140,7 +139,6 @@ def start_state(decoder, joint, batch: int = 1, token: Optional[int] = None):
 def frame_greedy(decoder, joint: "RNNTJoint", enc_proj, h, c, pred, blank: int, steps: int):
     """:func:`greedy_step` ``steps`` (``max_symbols``) times over one encoder frame per row:
     ``enc_proj`` [B, J] -> (labels [B, steps]: the frame's tokens, then ``blank``; h, c, pred)."""
-
     predict = functools.partial(predict_step, decoder)
     one = mx.ones((enc_proj.shape[0],), mx.int32)
     t = sym = 0 * one
@@ -186,18 +184,23 @@ class FrameDecoder:
         return fn(enc_proj, h, c, pred)
 
 
+def read_piece(vocabulary: Sequence[str], token_id) -> Tuple[Optional[str], Optional[str]]:
+    """``(piece, language)`` of an id: its text piece, None for the blank, ids past the
+    vocabulary, special pieces and ``<xx-XX>`` tags; a tag's language, else None."""
+    i = int(token_id)
+    piece = vocabulary[i] if 0 <= i < len(vocabulary) else None
+    if piece is None or piece in SPECIAL_PIECES:
+        return None, None
+    return (None, piece[1:-1]) if LANGUAGE_TAG.match(piece) else (piece, None)
+
+
 def decode_pieces(ids: Sequence[int], vocabulary: Sequence[str]) -> Tuple[str, Optional[str]]:
     """SentencePiece ids -> (text, language): special pieces and ``<xx-XX>`` tags are dropped
     (the last tag is the detected language), ``▁`` becomes a space, the ends are stripped."""
     pieces, language = [], None
     for i in ids:
-        if not 0 <= int(i) < len(vocabulary):
-            continue  # the blank and anything past the vocabulary have no piece
-        piece = vocabulary[int(i)]
-        if piece in SPECIAL_PIECES:
-            continue
-        if LANGUAGE_TAG.match(piece):
-            language = piece[1:-1]
-            continue
-        pieces.append(piece)
+        piece, tag = read_piece(vocabulary, i)
+        language = tag or language
+        if piece is not None:
+            pieces.append(piece)
     return "".join(pieces).replace(WORD_BOUNDARY, " ").strip(), language

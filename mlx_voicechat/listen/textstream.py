@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Set
 
-from .rnnt import LANGUAGE_TAG, SPECIAL_PIECES, WORD_BOUNDARY
+from .rnnt import WORD_BOUNDARY, read_piece
 
 
 def dropped_ids(config) -> Set[int]:
@@ -19,8 +19,7 @@ class TextStream:
     def __init__(self, model, config):
         self.tokenizer = model.tokenizer
         self.drop = dropped_ids(config)
-        self._stream = None
-        self._backend = None
+        self._stream = self._backend = None
         self._ids = []  # only without a streaming decoder: the kept ids so far
         self._held = []  # ids the streaming decoder holds back (an incomplete character)
         self._text = ""
@@ -29,10 +28,9 @@ class TextStream:
             try:
                 from tokenizers.decoders import DecodeStream
 
-                self._stream = DecodeStream(skip_special_tokens=False)
-                self._backend = backend
+                self._stream, self._backend = DecodeStream(skip_special_tokens=False), backend
             except ImportError:  # tokenizers < 0.21
-                self._stream = None
+                pass
 
     def add(self, token_id: int) -> str:
         """The text this id adds (may be "" while a multi-byte character is incomplete)."""
@@ -77,14 +75,9 @@ class TranscriptStream:
         self._held = ""
 
     def add(self, token_id: int) -> str:
-        i = int(token_id)
-        if not 0 <= i < len(self.vocabulary):
-            return ""
-        piece = self.vocabulary[i]
-        if piece in SPECIAL_PIECES:
-            return ""
-        if LANGUAGE_TAG.match(piece):
-            self.language = piece[1:-1]
+        piece, tag = read_piece(self.vocabulary, token_id)
+        self.language = tag or self.language
+        if piece is None:
             return ""
         text = self._held + piece.replace(WORD_BOUNDARY, " ")
         if not self._started:

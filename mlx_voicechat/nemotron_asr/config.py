@@ -90,14 +90,11 @@ class ASRConfig:
             )
         if not self.decoder.blank_as_pad:
             raise ConfigError("decoder.blank_as_pad false is not supported (NeMo's default: true)")
-        if (
-            self.encoder.att_context_style != "chunked_limited"
-            or self.encoder.att_context_size[0] < 0
-        ):
+        enc = self.encoder
+        if enc.att_context_style != "chunked_limited" or enc.att_context_size[0] < 0:
             raise ConfigError(
                 "the recognizer's encoder must use chunked_limited attention with a finite left "
-                f"context, not {self.encoder.att_context_style} "
-                f"{list(self.encoder.att_context_size)}"
+                f"context, not {enc.att_context_style} {list(enc.att_context_size)}"
             )
         if not isinstance(self.max_symbols, int) or self.max_symbols < 1:
             raise ConfigError(f"max_symbols must be a positive integer, not {self.max_symbols!r}")
@@ -158,8 +155,11 @@ class ASRConfig:
                 f"Nemotron-3.5-ASR recognizer ({', '.join(RECOGNIZER_TYPES)})"
             )
         if d["model_type"] == MLX_AUDIO_TYPE:
-            return cls(**mlx_audio_fields(d))
-        return cls(**transformers_fields(d, tokenizer, processor or {}))
+            fields = mlx_audio_fields(d)
+        else:
+            fields = transformers_fields(d, tokenizer, processor or {})
+        quantization = d.get("quantization") or d.get("quantization_config")
+        return cls(**fields, quantization=quantization, model_path=d.get("model_path"))
 
     def to_dict(self) -> Dict[str, Any]:
         """mlx-audio's ``config.json`` for this model (what its converter writes)."""
@@ -217,7 +217,8 @@ def _lookahead_list(pairs, what: str) -> List[List[int]]:
 
 
 def mlx_audio_fields(d: Mapping[str, Any]) -> Dict[str, Any]:
-    """:class:`ASRConfig` fields from mlx-audio's ``config.json``."""
+    """:class:`ASRConfig` fields from mlx-audio's ``config.json`` (model type and layout are the
+    defaults; ``ASRConfig.from_dict`` reads either layout's quantization and path)."""
     enc = dict(d.get("encoder") or {})
     ctx = enc.get("conv_context_size", "causal")
     if ctx != "causal":
@@ -246,10 +247,6 @@ def mlx_audio_fields(d: Mapping[str, Any]) -> Dict[str, Any]:
         vocabulary=list(vocab),
         max_symbols=d.get("max_symbols", ASRConfig.max_symbols),
         lookaheads=tuple(r for _, r in trained),
-        model_type=MLX_AUDIO_TYPE,
-        layout="mlx-audio",
-        quantization=d.get("quantization") or d.get("quantization_config"),
-        model_path=d.get("model_path"),
         mel_filters_dtype=mel_filters_dtype,
     )
 
@@ -321,8 +318,6 @@ def transformers_fields(
         lookaheads=tuple(lookaheads),
         model_type=d["model_type"],
         layout="transformers",
-        quantization=d.get("quantization") or d.get("quantization_config"),
-        model_path=d.get("model_path"),
         zero_biases=tuple(k for k, on in biases.items() if not on and any(biases.values())),
         **{k: f[k] for k in ("max_symbols", "mel_filters_dtype") if k in f},
     )

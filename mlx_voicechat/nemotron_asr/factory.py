@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..config import EncoderConfig, PreprocessorConfig, RNNTDecoderConfig, RNNTJointConfig
+from ..config import EncoderConfig, RNNTDecoderConfig, RNNTJointConfig
 from ..errors import VoiceChatError
 from ..files import atomic_folder
 from ..nemotron_voicechat.weights.loading import check_write_options
@@ -32,15 +32,18 @@ ASR_SCALES = ("tiny", "small", "full")
 ASR_LAYOUTS = ("mlx-audio", "transformers")
 BLANK_SHARE = 0.85  # of the steps on noise, for the blank bias
 _LANGUAGES = ["en-US", "es-ES", "de-DE", "fr-FR", "it-IT", "ja-JP", "zh-CN", "pt-BR"]
+_TOKENIZER_CONFIG = {  # the Transformers layout's tokenizer_config.json
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": "<unk>",
+    "pad_token": "<unk>",
+}
 
+# Each scale: d_model, layers, heads, subsampling channels, vocabulary, prediction (and joint)
+# width, prompts, prompt hidden width.
 _PRESETS = {
-    "tiny": dict(d=32, layers=2, heads=4, sub=16, vocab=64, pred=32, prompts=16, prompt_hidden=32),
-    "small": dict(
-        d=192, layers=6, heads=4, sub=64, vocab=1024, pred=160, prompts=128, prompt_hidden=384
-    ),
-    "full": dict(
-        d=1024, layers=24, heads=8, sub=256, vocab=13087, pred=640, prompts=128, prompt_hidden=2048
-    ),
+    "tiny": (32, 2, 4, 16, 64, 32, 16, 32),
+    "small": (192, 6, 4, 64, 1024, 160, 128, 384),
+    "full": (1024, 24, 8, 256, 13087, 640, 128, 2048),
 }
 
 
@@ -51,39 +54,33 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
         raise VoiceChatError(
             f"unknown recognizer scale {scale!r}; choose one of {', '.join(ASR_SCALES)}"
         )
-    p = _PRESETS[scale]
-    n_prompts = p["prompts"] if prompt else 0
+    d, layers, heads, sub, vocab, pred, prompts, prompt_hidden = _PRESETS[scale]
+    n_prompts = prompts if prompt else 0
     dictionary = {}
     for i, lang in enumerate(_LANGUAGES[: max(n_prompts - 1, 0)]):
-        dictionary[lang] = i
-        dictionary[lang.split("-")[0]] = i
+        dictionary[lang] = dictionary[lang.split("-")[0]] = i
     auto = max(min(101, n_prompts - 1), 0)  # the real model's slot, or the last one
     if n_prompts:
         dictionary["auto"] = auto
-    return ASRConfig(
-        preprocessor=PreprocessorConfig(),
+    return ASRConfig(  # preprocessor and lookaheads: the real model's (the defaults)
         encoder=EncoderConfig(
-            n_layers=p["layers"],
-            d_model=p["d"],
-            n_heads=p["heads"],
-            subsampling_conv_channels=p["sub"],
+            n_layers=layers,
+            d_model=d,
+            n_heads=heads,
+            subsampling_conv_channels=sub,
             att_context_size=(56, 13),
         ),
         prompt=PromptConfig(
             num_prompts=n_prompts,
-            prompt_hidden=p["prompt_hidden"],
+            prompt_hidden=prompt_hidden,
             prompt_dictionary=dictionary,
             default_prompt_id=auto,
         ),
-        decoder=RNNTDecoderConfig(pred_hidden=p["pred"], pred_rnn_layers=2, vocab_size=p["vocab"]),
+        decoder=RNNTDecoderConfig(pred_hidden=pred, pred_rnn_layers=2, vocab_size=vocab),
         joint=RNNTJointConfig(
-            encoder_hidden=p["d"],
-            pred_hidden=p["pred"],
-            joint_hidden=p["pred"],
-            num_classes=p["vocab"],
+            encoder_hidden=d, pred_hidden=pred, joint_hidden=pred, num_classes=vocab
         ),
-        vocabulary=letter_pieces(p["vocab"], tags=[f"<{lang}>" for lang in _LANGUAGES]),
-        lookaheads=(13, 6, 1, 0),
+        vocabulary=letter_pieces(vocab, tags=[f"<{lang}>" for lang in _LANGUAGES]),
     )
 
 
@@ -191,13 +188,6 @@ def make_recognizer_checkpoint(
             write_json(tmp / "config.json", cfg)
             write_json(tmp / "processor_config.json", processor)
             write_json(tmp / "tokenizer.json", _tokenizer_json(config.vocabulary, config.blank_id))
-            write_json(
-                tmp / "tokenizer_config.json",
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "unk_token": "<unk>",
-                    "pad_token": "<unk>",
-                },
-            )
+            write_json(tmp / "tokenizer_config.json", _TOKENIZER_CONFIG)
             save_safetensors(tmp / "model.safetensors", to_transformers(weights), {"format": "pt"})
     return out_dir

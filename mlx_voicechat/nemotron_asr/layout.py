@@ -45,12 +45,8 @@ def _rule(name: str, to: str):
 # MLX tree (NeMo's Sequential) counts every module, the activations included.
 _TO_OURS = tuple(_rule(theirs, ours) for theirs, ours in _RENAMES) + (
     (
-        re.compile(r"^encoder\.subsampling\.layers\.(\d+)\.depthwise_conv\."),
-        lambda m: f"encoder.pre_encode.conv.{2 + 3 * int(m[1])}.",
-    ),
-    (
-        re.compile(r"^encoder\.subsampling\.layers\.(\d+)\.pointwise_conv\."),
-        lambda m: f"encoder.pre_encode.conv.{3 + 3 * int(m[1])}.",
+        re.compile(r"^encoder\.subsampling\.layers\.(\d+)\.(depthwise|pointwise)_conv\."),
+        lambda m: f"encoder.pre_encode.conv.{3 * int(m[1]) + (2 if m[2] == 'depthwise' else 3)}.",
     ),
 )
 

@@ -34,8 +34,7 @@ class RecognizerNetwork(nn.Module):
 
     def __init__(self, config: ASRConfig):
         super().__init__()
-        self.config = config
-        self.model_type = config.model_type
+        self.config, self.model_type = config, config.model_type
         self.frontend = recognizer_mel(config)  # not a parameter: computed, never loaded
         self.encoder = RecognizerEncoder(config.encoder)
         p = config.prompt
@@ -82,24 +81,18 @@ class RecognizerNetwork(nn.Module):
             x = enc.subsample(mel, start, mel_len)[:, frames]
             x, cache = enc.step(x, cache)
             return self.joint_frames(x, prompt_ids), cache
+
+        def run(mel, prompt_ids, *arrays):  # (mel, prompt ids, *positions, *cache arrays)
+            x, *caches = enc.steady_layers(enc.subsample(mel)[:, frames], arrays, 0)
+            return (self.joint_frames(x, prompt_ids), *caches)
+
         key = (frames.start, frames.stop)  # and the fast paths traced into it:
         convs = fastpaths.enabled("encoder.convs")
-        fn = derived(self, "asr.chunk", lambda: self._chunk_fn(*key), (*key, convs))
+        fn = derived(self, "asr.chunk", lambda: compiled(run), (*key, convs))
         pos = enc.positions(enc.left_context + n, enc.pre_encode.out.weight.dtype)
         out, *arrays = fn(mel, prompt_ids, *pos, *cache.arrays())
         layers = [LayerCache(*arrays[i : i + 3]) for i in range(0, len(arrays), 3)]
         return out, EncoderCache(layers, cache.offset + n)
-
-    def _chunk_fn(self, first: int, last: int):
-        """:meth:`encode_chunk` on a steady chunk, compiled, of ``(mel, prompt ids, *positions,
-        *cache arrays)``."""
-        enc = self.encoder
-
-        def run(mel, prompt_ids, *arrays):
-            x, *caches = enc.steady_layers(enc.subsample(mel)[:, first:last], arrays, 0)
-            return (self.joint_frames(x, prompt_ids), *caches)
-
-        return compiled(run)
 
     def start(self, batch: int) -> Tuple[mx.array, Tuple[mx.array, mx.array]]:
         """The start symbol's prediction for ``batch`` rows (its blank embedded)."""

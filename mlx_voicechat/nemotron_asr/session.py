@@ -29,15 +29,13 @@ class TranscriptionSession:
 
     def __init__(self, model, prompt_id: int, language: Optional[str] = None, edge: str = "nemo"):
         self.model = model
-        cfg = model.config
-        self.config = cfg
+        cfg = self.config = model.config
         self.prompt_id, self.forced_language, self.edge = prompt_id, language, edge
-        self.sample_rate = cfg.sample_rate
+        self.sample_rate = self.input_sample_rate = cfg.sample_rate
         # The mel frames are computed when a chunk is (one STFT for the chunk's frames).
         self._audio = AudioIn(model, cfg.sample_rate, TranscriptionError, eager=False)
         self._mel = self._audio.mel
-        self.chunk = cfg.chunk_frames
-        self.frame_samples = cfg.frame_samples
+        self.chunk, self.frame_samples = cfg.chunk_frames, cfg.frame_samples
         self._decoder = GreedyDecoder(model, 1)
         self.reset()
 
@@ -48,8 +46,7 @@ class TranscriptionSession:
         self._prompt = mx.array([self.prompt_id], dtype=mx.int32)
         self._events = TranscriptEvents(self.config.vocabulary, self.forced_language, pieces=True)
         self.language = self.forced_language
-        self.reads = 0
-        self._finished = False
+        self.reads, self._finished = 0, False
 
     @property
     def received(self) -> int:
@@ -96,10 +93,6 @@ class TranscriptionSession:
             self._mel.compute()
             self._encode(whole)
         return self._decode(budget=self.received // self.frame_samples)
-
-    @property
-    def input_sample_rate(self) -> int:
-        return self.sample_rate
 
     @property
     def finished(self) -> Optional[str]:

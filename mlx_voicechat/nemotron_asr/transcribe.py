@@ -15,7 +15,7 @@ import numpy as np
 from ..audio.io import load_audio
 from ..listen.events import piece_text
 from ..listen.greedy import GreedyDecoder
-from ..listen.rnnt import LANGUAGE_TAG
+from ..listen.rnnt import read_piece
 from ..listen.transcribe import TranscriptResult, TranscriptTimings, _ms
 
 
@@ -49,10 +49,7 @@ class RecognizerResult(TranscriptResult):
 
 def first_language(tokens: Sequence[int], vocabulary: Sequence[str]) -> Optional[str]:
     """The first ``<xx-XX>`` tag emitted, without brackets (the detected language)."""
-    for t in tokens:
-        if 0 <= t < len(vocabulary) and LANGUAGE_TAG.match(vocabulary[t]):
-            return vocabulary[t][1:-1]
-    return None
+    return next(filter(None, (read_piece(vocabulary, t)[1] for t in tokens)), None)
 
 
 def transcribe(
