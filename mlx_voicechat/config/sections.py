@@ -224,11 +224,9 @@ class CharEncoderConfig(SubConfig):
     @classmethod
     def from_dict(cls, d):
         d = dict(d or {})
-        rope = d.get("rope_parameters") or {}
-        if "rope_theta" in rope and "rope_base" not in d:
-            d["rope_base"] = rope["rope_theta"]
-        if "rope_theta" in d and "rope_base" not in d:
-            d["rope_base"] = d["rope_theta"]
+        for rope in (d.get("rope_parameters") or {}, d):  # rope_base wins, then the nested theta
+            if "rope_theta" in rope:
+                d.setdefault("rope_base", rope["rope_theta"])
         return super().from_dict(d)
 
 
