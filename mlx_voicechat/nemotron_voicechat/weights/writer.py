@@ -173,8 +173,7 @@ def _add_differences(out: Dict[str, Any], want, got) -> None:
     for f in dataclasses.fields(want):
         a, b = getattr(want, f.name), getattr(got, f.name)
         if dataclasses.is_dataclass(a):
-            sub = out.setdefault(f.name, {})
-            _add_differences(sub, a, b)
+            _add_differences(out.setdefault(f.name, {}), a, b)
         elif a != b:
             out[f.name] = list(a) if isinstance(a, tuple) else a
 
@@ -221,11 +220,10 @@ def flat_config(
                 **audio[name],
             }
     tts = full["tts_config"]
-    ch = config.tts_config.character_encoder
     char = tts["character_encoder"]
     # Read by neither loader (the char vocabulary comes from the tokenizer); mlx-vlm's key set.
-    char["vocab_size"] = ch.char_vocab_size
-    char["rope_parameters"] = {"rope_type": "default", "rope_theta": ch.rope_base}
+    char["vocab_size"] = char["char_vocab_size"]
+    char["rope_parameters"] = {"rope_type": "default", "rope_theta": char["rope_base"]}
     tts["disable_eos_prediction"] = True  # NeMo's inference never predicts a speech eos
     tts["character_encoder"] = {k: char[k] for k in _CHAR_KEYS if k in char}
     d = {
