@@ -192,16 +192,11 @@ class AudioConfig(SubConfig):
     @classmethod
     def from_dict(cls, d):
         d = dict(d or {})
-        d["decoder"] = _flatten(d.get("decoder"), "prednet")
-        d["joint"] = _flatten(d.get("joint"), "jointnet")
+        # NeMo's RNNT sections, their ``prednet`` / ``jointnet`` keys lifted up
+        for name, inner in (("decoder", "prednet"), ("joint", "jointnet")):
+            d[name] = dict(d.get(name) or {})
+            d[name].update(d[name].pop(inner, None) or {})
         return super().from_dict(d)
-
-
-def _flatten(d, inner: str):
-    """NeMo's RNNT section with its ``prednet`` / ``jointnet`` keys lifted up."""
-    d = dict(d or {})
-    d.update(d.pop(inner, None) or {})
-    return d
 
 
 # --- speaking path ----------------------------------------------------------------------
