@@ -1,8 +1,11 @@
 """NVIDIA NemotronLabs VoiceChat for MLX."""
 
+import importlib
+
 __version__ = "0.1.0"
 
 __all__ = ["load", "Model", "VoiceChatConfig", "__version__"]
+_LAZY = {"Model": ".nemotron_voicechat", "VoiceChatConfig": ".config"}  # name: its module
 
 
 def load(path_or_hub_id, *, tokenizer=None, lazy: bool = False, revision=None):
@@ -28,12 +31,6 @@ def load(path_or_hub_id, *, tokenizer=None, lazy: bool = False, revision=None):
 
 def __getattr__(name):
     # Keep `import mlx_voicechat` cheap: mlx is imported only when something is used.
-    if name == "Model":
-        from .nemotron_voicechat import Model
-
-        return Model
-    if name == "VoiceChatConfig":
-        from .config import VoiceChatConfig
-
-        return VoiceChatConfig
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'mlx_voicechat' has no attribute {name!r}")

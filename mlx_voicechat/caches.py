@@ -85,7 +85,7 @@ class RowCaches(_BaseCache):
                 c.meta_state = m
 
     def filter(self, batch_indices) -> None:
-        self.rows = [self.rows[int(i)] for i in _indices(batch_indices)]
+        self.rows = [self.rows[int(i)] for i in batch_indices]
 
     def extend(self, other: "RowCaches") -> None:
         self.rows = self.rows + list(other.rows)
@@ -123,12 +123,6 @@ class RowCaches(_BaseCache):
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.rows)
-
-
-def _indices(batch_indices) -> List[int]:
-    if isinstance(batch_indices, mx.array):
-        return [int(i) for i in batch_indices.tolist()]
-    return [int(i) for i in batch_indices]
 
 
 class NamedArrays(ArraysCache):

@@ -49,7 +49,17 @@ class KeyNoise:
         return mx.random.normal(shape=tuple(shape), key=self._next())
 
 
-class ReplayNoise:
+class _DrawsByKind:
+    """``gumbel`` and ``normal`` through the subclass's ``_draw(kind, shape)``."""
+
+    def gumbel(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("gumbel", shape)
+
+    def normal(self, shape: Sequence[int]) -> mx.array:
+        return self._draw("normal", shape)
+
+
+class ReplayNoise(_DrawsByKind):
     """Replays recorded draws in order: row ``j`` of each table serves the ``j``-th draw of
     that kind. Running out, or a row that does not fit the requested shape, is an error."""
 
@@ -72,19 +82,13 @@ class ReplayNoise:
         self._next[kind] = j + 1
         return row.reshape(tuple(shape)).astype(mx.float32)
 
-    def gumbel(self, shape: Sequence[int]) -> mx.array:
-        return self._draw("gumbel", shape)
-
-    def normal(self, shape: Sequence[int]) -> mx.array:
-        return self._draw("normal", shape)
-
     @property
     def used(self) -> Tuple[int, int]:
         """Draws consumed so far: (gumbel, normal)."""
         return self._next["gumbel"], self._next["normal"]
 
 
-class RowNoise:
+class RowNoise(_DrawsByKind):
     """One source per row of a batch of conversations: a draw of shape ``[B, ...]`` is each
     row's own source drawing ``[1, ...]``, stacked, so every conversation takes the draws it
     takes alone. Has mlx-lm's batch protocol (rows along the list; ``extract`` and ``filter``
@@ -100,12 +104,6 @@ class RowNoise:
         one = (1, *shape[1:])
         draws = [getattr(s, kind)(one) for s in self.sources]
         return draws[0] if len(draws) == 1 else mx.concatenate(draws, axis=0)
-
-    def gumbel(self, shape: Sequence[int]) -> mx.array:
-        return self._draw("gumbel", shape)
-
-    def normal(self, shape: Sequence[int]) -> mx.array:
-        return self._draw("normal", shape)
 
     # -- the batch protocol ------------------------------------------------------------------
 

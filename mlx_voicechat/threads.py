@@ -36,10 +36,6 @@ def note_mlx_thread() -> None:
             _registered = True
 
 
-def _alive(tid: int) -> bool:
-    return os.path.exists(f"/proc/self/task/{tid}")
-
-
 def _wait_for_threads() -> None:
     live = {t.native_id for t in threading.enumerate()}
     pending = [tid for tid in _threads if tid not in live]
@@ -49,5 +45,6 @@ def _wait_for_threads() -> None:
     if not sys.platform.startswith("linux"):
         time.sleep(min(0.05, EXIT_WAIT_SECONDS))  # no /proc: a short grace period
         return
-    while any(_alive(tid) for tid in pending) and time.monotonic() < deadline:
+    tasks = [f"/proc/self/task/{tid}" for tid in pending]  # gone with the thread
+    while any(os.path.exists(t) for t in tasks) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)  # releases the GIL the exiting threads need

@@ -46,11 +46,12 @@ def fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
         raise ConfigError("config.json must hold a JSON object")
     if "model" in d and isinstance(d["model"], dict) and "stt" in d["model"]:
         return nemo_fields(cls, d)
-    if "text_config" in d or "audio_config" in d or "tts_config" in d:
-        return flat_fields(cls, d)
-    mt = d.get("model_type")
-    if mt is not None and mt != MODEL_TYPE:
+    flat = "text_config" in d or "audio_config" in d or "tts_config" in d
+    mt = d.get("model_type", MODEL_TYPE)
+    if mt != MODEL_TYPE and (flat or mt is not None):
         raise ConfigError(f"config.json describes model_type {mt!r}, not {MODEL_TYPE!r}")
+    if flat:
+        return flat_fields(cls, d)
     raise ConfigError(
         "config.json is not a NemotronLabs VoiceChat config: expected the flat mlx-community "
         "keys (text_config, audio_config, tts_config, codec_config) or NVIDIA's nested NeMo "
@@ -66,10 +67,6 @@ def _scalars(cls, d: Dict[str, Any]) -> Dict[str, Any]:
 
 def flat_fields(cls, d: Dict[str, Any]) -> Dict[str, Any]:
     """``cls`` (VoiceChatConfig) fields from the flat mlx-community config."""
-    if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
-        raise ConfigError(
-            f"config.json describes model_type {d.get('model_type')!r}, not {MODEL_TYPE!r}"
-        )
     top = _scalars(cls, d)
     return dict(
         text_config=dict(d.get("text_config") or NEMOTRON_NANO_9B_V2),

@@ -38,11 +38,16 @@ def _known(cls, d: Dict[str, Any]) -> Dict[str, Any]:
 
 @dataclass
 class SubConfig:
-    """Base for the leaf configs: ``from_dict`` keeps only the keys the class declares."""
+    """Base for the leaf configs: ``from_dict`` keeps only the keys the class declares and
+    reads a section (a SubConfig field) with that section's own ``from_dict``."""
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]):
-        return cls(**_known(cls, d or {}))
+        d = _known(cls, d or {})
+        for f in dataclasses.fields(cls):
+            if isinstance(f.default_factory, type) and issubclass(f.default_factory, SubConfig):
+                d[f.name] = f.default_factory.from_dict(d.get(f.name))
+        return cls(**d)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,7 +157,8 @@ class EncoderConfig(SubConfig):
             ctx = ctx[0]
         if not (isinstance(ctx, (list, tuple)) and len(ctx) == 2):
             raise ConfigError(
-                f"att_context_size must be [left, right] or [[left, right]], got {self.att_context_size!r}"
+                "att_context_size must be [left, right] or [[left, right]], got "
+                f"{self.att_context_size!r}"
             )
         self.att_context_size = (int(ctx[0]), int(ctx[1]))
 
@@ -186,20 +192,11 @@ class AudioConfig(SubConfig):
     @classmethod
     def from_dict(cls, d):
         d = dict(d or {})
-        return cls(
-            preprocessor=PreprocessorConfig.from_dict(d.get("preprocessor")),
-            encoder=EncoderConfig.from_dict(d.get("encoder")),
-            decoder=RNNTDecoderConfig.from_dict(_flatten(d.get("decoder"), "prednet")),
-            joint=RNNTJointConfig.from_dict(_flatten(d.get("joint"), "jointnet")),
-            **_known(cls, {k: v for k, v in d.items() if k in ("output_dim", "max_symbols")}),
-        )
-
-
-def _flatten(d, inner: str):
-    """NeMo's RNNT section with its ``prednet`` / ``jointnet`` keys lifted up."""
-    d = dict(d or {})
-    d.update(d.pop(inner, None) or {})
-    return d
+        # NeMo's RNNT sections, their ``prednet`` / ``jointnet`` keys lifted up
+        for name, inner in (("decoder", "prednet"), ("joint", "jointnet")):
+            d[name] = dict(d.get(name) or {})
+            d[name].update(d[name].pop(inner, None) or {})
+        return super().from_dict(d)
 
 
 # --- speaking path ----------------------------------------------------------------------
@@ -222,11 +219,9 @@ class CharEncoderConfig(SubConfig):
     @classmethod
     def from_dict(cls, d):
         d = dict(d or {})
-        rope = d.get("rope_parameters") or {}
-        if "rope_theta" in rope and "rope_base" not in d:
-            d["rope_base"] = rope["rope_theta"]
-        if "rope_theta" in d and "rope_base" not in d:
-            d["rope_base"] = d["rope_theta"]
+        for rope in (d.get("rope_parameters") or {}, d):  # rope_base wins, then the nested theta
+            if "rope_theta" in rope:
+                d.setdefault("rope_base", rope["rope_theta"])
         return super().from_dict(d)
 
 
@@ -274,13 +269,12 @@ class TTSConfig(SubConfig):
     @classmethod
     def from_dict(cls, d):
         d = dict(d or {})
-        char = CharEncoderConfig.from_dict(d.pop("character_encoder", None))
-        mog = MoGHeadConfig.from_dict(d.pop("mog_head", None))
+        char = CharEncoderConfig.from_dict(d.get("character_encoder"))
         # Flat configs written by mlx-vlm omit the backbone's query_pre_attn_scalar; NeMo builds
         # both Gemma stacks from one recipe, so the character encoder's value is the right one.
         d.setdefault("query_pre_attn_scalar", char.query_pre_attn_scalar)
         d.setdefault("rms_norm_eps", char.rms_norm_eps)
-        return cls(character_encoder=char, mog_head=mog, **_known(cls, d))
+        return super().from_dict(d)
 
     def is_global_layer(self, i: int) -> bool:
         return (i + 1) % self.sliding_window_pattern == 0
@@ -323,7 +317,8 @@ class CodecConfig(SubConfig):
 
     @property
     def num_layers(self) -> int:
-        """Layers of the encoder (and of the decoder): one conv, then per stage blocks + a resampler."""
+        """Layers of the encoder (and of the decoder): one conv, then per stage blocks + a
+        resampler."""
         return 1 + len(self.downsample_rates) * (self.blocks_per_stage + 1)
 
 

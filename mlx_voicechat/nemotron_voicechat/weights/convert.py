@@ -92,13 +92,9 @@ class _Source:
             keys = tuple(
                 k for k in (f"{m}.weight", f"{m}.scales", f"{m}.biases") if k in self.where
             )
-            q = {
-                **default,
-                **(quantization.get(m) if isinstance(quantization.get(m), dict) else {}),
-            }
-            units.append(
-                _Unit(keys, m, int(q["group_size"]), int(q["bits"]), q.get("mode", "affine"))
-            )
+            own = quantization.get(m)
+            q = {**default, **(own if isinstance(own, dict) else {})}
+            units.append(_Unit(keys, m, int(q["group_size"]), int(q["bits"]), q["mode"]))
             seen.update(keys)
         units += [_Unit((k,)) for k in sorted(self.where) if k not in seen]
         return units
@@ -252,16 +248,14 @@ def convert(
 
     # Parameters stay unevaluated: only shapes and module types are read.
     model = VoiceChatModel(config)
-    quant = (
-        quantization_map(model, quantize, group_size, quantize_tts)
-        if (quantize or quantize_tts)
-        else {}
-    )
-    if (quantize or quantize_tts) and not listed_modules(quant):
-        raise ConversionError(
-            f"no matrix of this model has an input width divisible by --group-size "
-            f"{group_size}; pick a smaller group size"
-        )
+    quant = {}
+    if quantize or quantize_tts:
+        quant = quantization_map(model, quantize, group_size, quantize_tts)
+        if not listed_modules(quant):
+            raise ConversionError(
+                f"no matrix of this model has an input width divisible by --group-size "
+                f"{group_size}; pick a smaller group size"
+            )
     src = _Source(folder, config)
     conv = _Converter(src, model, getattr(mx, dtype), quant, config.layout)
     conv.validate()

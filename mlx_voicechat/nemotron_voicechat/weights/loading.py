@@ -79,7 +79,7 @@ def weight_files(folder: Path) -> List[Path]:
         plain = all(isinstance(n, str) and n != ".." and Path(n).name == n for n in names)
         if not names or not plain:  # a plain file name in the folder, never a path out of it
             raise CheckpointError(
-                f"{index} is not a valid safetensors index: it needs a non-empty \"weight_map\" "
+                f'{index} is not a valid safetensors index: it needs a non-empty "weight_map" '
                 "object from tensor names to weight file names in its folder"
             )
         files = [folder / n for n in sorted(set(names))]
@@ -167,18 +167,14 @@ def quantize_model(model: nn.Module, quantization: Optional[Dict[str, Any]], wei
     chosen: List[str] = []
 
     def predicate(path, module):
-        if not hasattr(module, "to_quantized"):
-            return False
         if per_module:
             q = per_module.get(path)
-            if q is None:
-                return False
-            chosen.append(path)
-            return {**default, **q}
-        if f"{path}.scales" in weights:
-            chosen.append(path)
-            return default
-        return False
+        else:
+            q = {} if f"{path}.scales" in weights else None
+        if q is None or not hasattr(module, "to_quantized"):
+            return False
+        chosen.append(path)
+        return {**default, **q}
 
     try:
         nn.quantize(
@@ -233,13 +229,10 @@ def load_tokenizer(source: Union[str, Path, Any]):
 
     # Built from the files directly: AutoTokenizer would read config.json, which describes
     # the speech model rather than a tokenizer.
-    kwargs = {}
     cfg_path = folder / "tokenizer_config.json"
-    if cfg_path.exists():
-        cfg = read_json(cfg_path, CheckpointError)
-        for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            if isinstance(cfg.get(k), str):
-                kwargs[k] = cfg[k]
+    cfg = read_json(cfg_path, CheckpointError) if cfg_path.exists() else {}
+    special = ("bos_token", "eos_token", "pad_token", "unk_token")
+    kwargs = {k: cfg[k] for k in special if isinstance(cfg.get(k), str)}
     try:
         return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **kwargs)
     except Exception as e:

@@ -76,4 +76,3 @@ def random_model(
     model.rnnt_vocabulary = list(model.config.rnnt_vocabulary)
     model.setup_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special))
     return model
-

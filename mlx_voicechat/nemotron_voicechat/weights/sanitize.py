@@ -133,14 +133,10 @@ def to_torch_layout(
     for key, v in weights.items():
         m = _OUR_LSTM.match(key)
         if m:
-            layer, name = m["layer"], m["name"]
-            if name == "Wx":
-                out[f"{m['prefix']}.weight_ih_l{layer}"] = v
-            elif name == "Wh":
-                out[f"{m['prefix']}.weight_hh_l{layer}"] = v
-            else:
-                out[f"{m['prefix']}.bias_ih_l{layer}"] = v
-                out[f"{m['prefix']}.bias_hh_l{layer}"] = mx.zeros_like(v)
+            name = {"Wx": "weight_ih", "Wh": "weight_hh", "bias": "bias_ih"}[m["name"]]
+            out[f"{m['prefix']}.{name}_l{m['layer']}"] = v
+            if name == "bias_ih":  # ours is the sum of torch's two biases
+                out[f"{m['prefix']}.bias_hh_l{m['layer']}"] = mx.zeros_like(v)
             continue
         if key in conv_t and v.ndim == 3:
             v = v.transpose(2, 0, 1)  # [O, K, I] -> [I, O, K]

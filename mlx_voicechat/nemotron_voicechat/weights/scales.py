@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from ...config import NEMOTRON_NANO_9B_V2, VoiceChatConfig
+from ...config.layouts import GEMMA_KEYS
 from ...errors import VoiceChatError
 
 # <SPECIAL_20> / <SPECIAL_21> open and close a tool call on the function channel.
@@ -77,15 +78,8 @@ _PRESETS = {
         "codebook_size": (64, 1024, 1024),
     },
 }
-# The character encoder is built to the backbone's sizes.
-_CHAR_FROM_TTS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "query_pre_attn_scalar",
-)
+# The character encoder is built to the backbone's sizes (but for its one layer).
+_CHAR_FROM_TTS = [k for k in GEMMA_KEYS if k in _PRESETS["tts"] and k != "num_hidden_layers"]
 
 
 SCALES = ("tiny", "small", "medium", "full")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...config import TOP_LEVEL_KEYS, VoiceChatConfig, text_args
+from ...config import NEMOTRON_NANO_9B_V2, TOP_LEVEL_KEYS, VoiceChatConfig, text_args
 from ...config.layouts import GEMMA_KEYS, GEMMA_SIZES
 from ...errors import VoiceChatError
 
@@ -116,30 +116,9 @@ def cast_floats(weights: Mapping[str, mx.array], dtype) -> Dict[str, mx.array]:
 
 # --- config -----------------------------------------------------------------------------
 
-_TEXT_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "max_position_embeddings",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "attention_bias",
-    "mamba_num_heads",
-    "mamba_head_dim",
-    "mamba_proj_bias",
-    "ssm_state_size",
-    "conv_kernel",
-    "n_groups",
-    "mlp_bias",
-    "layer_norm_epsilon",
-    "use_bias",
-    "use_conv_bias",
-    "hybrid_override_pattern",
-    "head_dim",
-    "time_step_limit",
-)
+# mlx-vlm's text config keys: the real LLM's, head_dim moved after the pattern (the time step
+# limit is written last).
+_TEXT_KEYS = (*(k for k in NEMOTRON_NANO_9B_V2 if k != "head_dim"), "head_dim")
 _TTS_KEYS = (
     *GEMMA_SIZES,
     "sliding_window",
@@ -194,8 +173,7 @@ def _add_differences(out: Dict[str, Any], want, got) -> None:
     for f in dataclasses.fields(want):
         a, b = getattr(want, f.name), getattr(got, f.name)
         if dataclasses.is_dataclass(a):
-            sub = out.setdefault(f.name, {})
-            _add_differences(sub, a, b)
+            _add_differences(out.setdefault(f.name, {}), a, b)
         elif a != b:
             out[f.name] = list(a) if isinstance(a, tuple) else a
 
@@ -241,13 +219,11 @@ def flat_config(
                 **{k: v for k, v in extra.items() if k not in audio[name]},
                 **audio[name],
             }
-    tts_full = full["tts_config"]
-    ch = config.tts_config.character_encoder
-    char = {k: v for k, v in tts_full["character_encoder"].items() if k in _CHAR_KEYS}
+    tts = full["tts_config"]
+    char = tts["character_encoder"]
     # Read by neither loader (the char vocabulary comes from the tokenizer); mlx-vlm's key set.
-    char["vocab_size"] = ch.char_vocab_size
-    char["rope_parameters"] = {"rope_type": "default", "rope_theta": ch.rope_base}
-    tts = {k: tts_full[k] for k in _TTS_KEYS if k in tts_full}
+    char["vocab_size"] = char["char_vocab_size"]
+    char["rope_parameters"] = {"rope_type": "default", "rope_theta": char["rope_base"]}
     tts["disable_eos_prediction"] = True  # NeMo's inference never predicts a speech eos
     tts["character_encoder"] = {k: char[k] for k in _CHAR_KEYS if k in char}
     d = {
