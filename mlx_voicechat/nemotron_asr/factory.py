@@ -47,6 +47,11 @@ _PRESETS = {
 }
 
 
+def recognizer_vocabulary(n: int) -> List[str]:
+    """The factory's SentencePiece-like vocabulary of ``n`` pieces, the language tags in it."""
+    return letter_pieces(n, tags=[f"<{lang}>" for lang in _LANGUAGES])
+
+
 def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
     """The config of a named scale; ``prompt=False``: without the language prompt (the
     English-only ``nemotron_asr_streaming`` kind)."""
@@ -80,7 +85,7 @@ def asr_scale_config(scale: str = "tiny", prompt: bool = True) -> ASRConfig:
         joint=RNNTJointConfig(
             encoder_hidden=d, pred_hidden=pred, joint_hidden=pred, num_classes=vocab
         ),
-        vocabulary=letter_pieces(vocab, tags=[f"<{lang}>" for lang in _LANGUAGES]),
+        vocabulary=recognizer_vocabulary(vocab),
     )
 
 

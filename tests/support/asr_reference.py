@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlx_voicechat.nemotron_asr.factory import _pieces
+from mlx_voicechat.nemotron_asr.factory import recognizer_vocabulary
 
 VOCAB = 64  # pieces without the blank
 LANGUAGES = {"en-US": 0, "en": 0, "de-DE": 2, "de": 2, "auto": 15}
 PROMPTS = 16
 LOOKAHEADS = [13, 6, 1, 0]
-TAGS = [p for p in _pieces(VOCAB) if p.startswith("<") and p.endswith(">") and p != "<unk>"]
+TAGS = [p for p in recognizer_vocabulary(VOCAB) if p[0] == "<" and p[-1] == ">" and p != "<unk>"]
 
 
 def encoder_config(**over):
@@ -108,7 +108,7 @@ def build(
     model.generation_config.pad_token_id = VOCAB
     model.save_pretrained(folder)
 
-    pieces = _pieces(VOCAB)
+    pieces = recognizer_vocabulary(VOCAB)
     tok = Tokenizer(
         models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[], unk_token="<unk>")
     )
