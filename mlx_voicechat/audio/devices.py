@@ -56,7 +56,9 @@ class ArraySource(_Closing):
         x = np.asarray(samples, dtype=np.float32)
         if x.ndim != 1:
             raise DeviceError(f"an array source takes mono samples (1-D), got shape {x.shape}")
-        self.samples, self.sample_rate, self.position = x, int(sample_rate), 0
+        self.samples = x
+        self.sample_rate = int(sample_rate)
+        self.position = 0
 
     def read(self, n: int) -> Optional[np.ndarray]:
         if self.position >= len(self.samples):
@@ -73,7 +75,9 @@ class ArraySink(_Closing):
     """Keeps everything written; ``audio`` is all of it as one array."""
 
     def __init__(self, sample_rate: int):
-        self.sample_rate, self.blocks, self.closed = int(sample_rate), [], False
+        self.sample_rate = int(sample_rate)
+        self.blocks = []
+        self.closed = False
 
     def write(self, samples) -> None:
         if self.closed:
@@ -155,7 +159,8 @@ class Microphone(_Stream):
             sd.check_input_settings(device=device, channels=1, dtype="float32", samplerate=rate)
         except (sd.PortAudioError, ValueError):
             rate = int(info["default_samplerate"])
-        self.sample_rate, self.overflows = rate, 0
+        self.sample_rate = rate
+        self.overflows = 0
         self._open(sd, sd.InputStream, f"microphone {info['name']!r}", device, rate)
 
     def read(self, n: int) -> Optional[np.ndarray]:

@@ -35,7 +35,8 @@ class PieceText:
     stripped (a trailing ``▁`` stays a space). The deltas add up to :func:`piece_text`."""
 
     def __init__(self, vocabulary: Sequence[str]):
-        self.vocabulary, self._started = vocabulary, False
+        self.vocabulary = vocabulary
+        self._started = False
 
     def add(self, token_id: int) -> str:
         piece, _ = read_piece(self.vocabulary, token_id)
@@ -61,7 +62,8 @@ class TranscriptEvents:
     def __init__(self, vocabulary, language: Optional[str] = None, pieces: bool = False):
         """``pieces``: the recognizer's text (:class:`PieceText`, Transformers' decoding);
         otherwise the RNNT head's words (:class:`~.textstream.TranscriptStream`)."""
-        self.vocabulary, self.language = vocabulary, language
+        self.vocabulary = vocabulary
+        self.language = language
         self._stream = PieceText(vocabulary) if pieces else TranscriptStream(vocabulary)
         self._held = {}  # tokens of frames not complete yet
         self._done = 0  # frames handed out

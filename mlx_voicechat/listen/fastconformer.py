@@ -204,7 +204,8 @@ class FastConformer(nn.Module):
     def __init__(self, cfg: EncoderConfig, chunk_size: int = DEFAULT_CHUNK_FRAMES):
         super().__init__()
         args = _conformer_args(cfg)
-        self.cfg, self.chunk_size = cfg, chunk_size
+        self.cfg = cfg
+        self.chunk_size = chunk_size
         self.pos_enc = RelPositionalEncoding(cfg.d_model, cfg.pos_emb_max_len, cfg.xscaling)
         self.pre_encode = Subsampling(args)
         self.layers = [ConformerLayer(args) for _ in range(cfg.n_layers)]
@@ -328,7 +329,8 @@ class FastConformer(nn.Module):
             i for i, c in enumerate(caches)
             if self.steady(1, c) and c.offset % self.attention_chunk == phase
         ]
-        outs, new = [None] * len(caches), [None] * len(caches)
+        outs: List[Optional[mx.array]] = [None] * len(caches)
+        new: List[Optional[EncoderCache]] = [None] * len(caches)
         if steady:
             xs = x if len(steady) == len(caches) else x[mx.array(steady)]
             y, done = self._frame(xs, [caches[i] for i in steady])

@@ -65,15 +65,19 @@ class GreedyDecoder:
     def __init__(self, net, batch: int = 1, window: int = WINDOW):
         if not is_int(window) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
-        self.net, self.batch, self.window = net, batch, window
-        self.blank, self.max_symbols = net.config.blank_id, net.config.max_symbols
+        self.net = net
+        self.blank = net.config.blank_id
+        self.max_symbols = net.config.max_symbols
+        self.batch = batch
+        self.window = window
         self.reset()
 
     def reset(self) -> None:
         B = self.batch
         self.rows = [RowState() for _ in range(B)]
         self._pred, (self._h, self._c) = self.net.start(B)
-        self._t, self._sym = mx.zeros((B,), mx.int32), mx.zeros((B,), mx.int32)
+        self._t = mx.zeros((B,), mx.int32)
+        self._sym = mx.zeros((B,), mx.int32)
         self._frames: Optional[mx.array] = None  # [B, T, J]: frames from _start on
         self._start = 0
 

@@ -19,7 +19,8 @@ class TextStream:
     def __init__(self, model, config):
         self.tokenizer = model.tokenizer
         self.drop = dropped_ids(config)
-        self._stream = self._backend = None
+        self._stream = None
+        self._backend = None
         self._ids = []  # only without a streaming decoder: the kept ids so far
         self._held = []  # ids the streaming decoder holds back (an incomplete character)
         self._text = ""
@@ -28,7 +29,8 @@ class TextStream:
             try:
                 from tokenizers.decoders import DecodeStream
 
-                self._stream, self._backend = DecodeStream(skip_special_tokens=False), backend
+                self._stream = DecodeStream(skip_special_tokens=False)
+                self._backend = backend
             except ImportError:  # tokenizers < 0.21
                 pass
 

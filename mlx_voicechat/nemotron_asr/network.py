@@ -34,7 +34,8 @@ class RecognizerNetwork(nn.Module):
 
     def __init__(self, config: ASRConfig):
         super().__init__()
-        self.config, self.model_type = config, config.model_type
+        self.config = config
+        self.model_type = config.model_type
         self.frontend = recognizer_mel(config)  # not a parameter: computed, never loaded
         self.encoder = RecognizerEncoder(config.encoder)
         p = config.prompt

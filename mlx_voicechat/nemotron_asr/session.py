@@ -31,11 +31,12 @@ class TranscriptionSession:
         self.model = model
         cfg = self.config = model.config
         self.prompt_id, self.forced_language, self.edge = prompt_id, language, edge
-        self.sample_rate = self.input_sample_rate = cfg.sample_rate
+        self.sample_rate = cfg.sample_rate
         # The mel frames are computed when a chunk is (one STFT for the chunk's frames).
         self._audio = AudioIn(model, cfg.sample_rate, TranscriptionError, eager=False)
         self._mel = self._audio.mel
-        self.chunk, self.frame_samples = cfg.chunk_frames, cfg.frame_samples
+        self.chunk = cfg.chunk_frames
+        self.frame_samples = cfg.frame_samples
         self._decoder = GreedyDecoder(model, 1)
         self.reset()
 
@@ -46,7 +47,12 @@ class TranscriptionSession:
         self._prompt = mx.array([self.prompt_id], dtype=mx.int32)
         self._events = TranscriptEvents(self.config.vocabulary, self.forced_language, pieces=True)
         self.language = self.forced_language
-        self.reads, self._finished = 0, False
+        self.reads = 0
+        self._finished = False
+
+    @property
+    def input_sample_rate(self) -> int:
+        return self.sample_rate
 
     @property
     def received(self) -> int:

@@ -24,7 +24,12 @@ from .generate import GenerationResult
 
 #: The ``kind`` values of :class:`VoiceChatEvent`, as in mlx-audio.
 EVENT_KINDS = (
-    "assistant_text_delta", "function_delta", "user_transcript_delta", "audio", "done", "cancelled"
+    "assistant_text_delta",
+    "function_delta",
+    "user_transcript_delta",
+    "audio",
+    "done",
+    "cancelled",
 )
 
 #: mlx-audio's name for the offline result: ours answers to its field names too
@@ -83,9 +88,15 @@ class VoiceChatStreamingSession:
     """mlx-audio's streaming session over our :class:`Session` (``self.session``)."""
 
     def __init__(
-        self, parent: VoiceChatSession, *, system_prompt: Optional[str] = None, seed: int = 0,
-        max_streaming_seconds: Optional[float] = None, use_language_cache: bool = True,
-        use_perception_cache: bool = True, **options,
+        self,
+        parent: VoiceChatSession,
+        *,
+        system_prompt: Optional[str] = None,
+        seed: int = 0,
+        max_streaming_seconds: Optional[float] = None,
+        use_language_cache: bool = True,
+        use_perception_cache: bool = True,
+        **options,
     ):
         # Both caches are always on in ours (the results are the same either way in theirs).
         _flag("use_language_cache", use_language_cache)
